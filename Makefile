@@ -1,0 +1,64 @@
+# Tocsin developer loop. `make demo` and `make test` need nothing but Python 3.11:
+# each installs what it uses into a virtual environment of its own.
+PYTHON ?= python3
+VENV   := .venv
+SAMENV := .venv-sam
+CHKENV := .venv-checks
+BIN    := $(VENV)/bin
+REGION := us-east-1
+TASKS  ?= 200
+
+tool_pins = $(shell $(PYTHON) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml","rb"))["tool"]["tocsin"]["tools"]["$(1)"]))')
+
+.PHONY: demo test lint format unit validate sam-validate sam-build cfn-lint statelint clean
+
+demo: $(VENV)/.installed
+	$(BIN)/tocsin demo --tasks $(TASKS)
+
+test: lint validate unit
+
+unit: $(VENV)/.installed
+	$(BIN)/pytest -q
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(VENV)/.installed
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+validate: sam-validate sam-build cfn-lint statelint
+
+sam-validate: $(SAMENV)/.installed
+	$(SAMENV)/bin/sam validate --lint --region $(REGION)
+
+sam-build: $(SAMENV)/.installed
+	$(SAMENV)/bin/sam build --region $(REGION)
+
+cfn-lint: $(VENV)/.installed
+	$(BIN)/cfn-lint template.yaml
+
+statelint: $(VENV)/.installed $(CHKENV)/.installed
+	mkdir -p .build
+	$(BIN)/tocsin asl > .build/task.asl.json
+	$(CHKENV)/bin/statelint .build/task.asl.json
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[local,dev]'
+	touch $@
+
+$(SAMENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(SAMENV)
+	$(SAMENV)/bin/pip install -q $(call tool_pins,sam)
+	touch $@
+
+$(CHKENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(CHKENV)
+	$(CHKENV)/bin/pip install -q $(call tool_pins,checks)
+	touch $@
+
+clean:
+	rm -rf $(VENV) $(SAMENV) $(CHKENV) .aws-sam .build .pytest_cache .ruff_cache
