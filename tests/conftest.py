@@ -1,0 +1,50 @@
+"""Fixtures: the embedded runtime (the real template, ASL and handlers on moto) and a receiver."""
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+
+from tocsin import clock
+from tocsin.local.receiver import WebhookReceiver
+from tocsin.local.runtime import EmbeddedRuntime
+from tocsin.settings import settings
+
+
+@pytest.fixture
+def runtime() -> Iterator[EmbeddedRuntime]:
+    with EmbeddedRuntime(finder_interval_s=None) as running:
+        yield running
+
+
+@pytest.fixture
+def receiver() -> Iterator[WebhookReceiver]:
+    with WebhookReceiver() as listening:
+        yield listening
+
+
+def webhook_task(url: str, due_ms: int, task_id: str, payload: Any = None) -> dict[str, Any]:
+    return {
+        "id": task_id,
+        "due_at": clock.to_iso(due_ms),
+        "type": "webhook",
+        "target": {"url": url},
+        "payload": payload if payload is not None else {"task": task_id},
+    }
+
+
+def stored(task_id: str) -> dict[str, Any]:
+    table = boto3.resource("dynamodb").Table(settings().tasks_table)
+    return table.get_item(Key={"task_id": task_id}, ConsistentRead=True)["Item"]
+
+
+def wait_for_status(task_id: str, statuses: set[str], timeout_s: float = 20) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        item = stored(task_id)
+        if item["status"] in statuses:
+            return item
+        time.sleep(0.05)
+    raise AssertionError(f"{task_id} stayed {stored(task_id)['status']}, wanted {statuses}")

@@ -1,0 +1,119 @@
+"""Racing finders, a crash between StartExecution and the mark, and failing executors."""
+
+import json
+import threading
+from collections import Counter
+
+import boto3
+import pytest
+from botocore.exceptions import EndpointConnectionError
+
+from tests.conftest import stored, wait_for_status, webhook_task
+from tocsin import aws, clock
+from tocsin.settings import settings
+from tocsin.store import TaskStore
+from tocsin.submit import new_item
+
+
+def store_pending(receiver_url: str, count: int, due_in_ms: int, prefix: str) -> list[str]:
+    """PENDING tasks in the due index, not yet dispatched (as the finder finds them)."""
+    now = clock.now_ms()
+    store = TaskStore(settings().tasks_table)
+    ids = [f"{prefix}-{i}" for i in range(count)]
+    for i, task_id in enumerate(ids):
+        body = webhook_task(receiver_url, now + due_in_ms + i * 37, task_id)
+        store.create(new_item(body, "alice", now, settings()))
+    return ids
+
+
+def test_two_finders_at_once_fire_each_task_once(runtime, receiver):
+    ids = store_pending(receiver.url, 12, 2500, "race")
+    barrier = threading.Barrier(2)
+    reports = []
+
+    def finder() -> None:
+        barrier.wait()
+        reports.append(runtime.run_finder())
+
+    threads = [threading.Thread(target=finder) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert sum(r["started"] + r["already_started"] for r in reports) >= len(ids)
+    for task_id in ids:
+        wait_for_status(task_id, {"SUCCEEDED"})
+    assert runtime.wait_for_executions(10)
+    assert Counter(a.task_id for a in receiver.received()) == dict.fromkeys(ids, 1)
+    assert Counter(e.name for e in runtime.executions()) == {f"{i}-v1": 1 for i in ids}
+
+
+def test_finder_crash_between_start_and_mark_still_fires_once(runtime, receiver):
+    ids = store_pending(receiver.url, 5, 8000, "crash")
+    table_client = aws.resource("dynamodb").meta.client
+
+    def connection_lost(**_: object) -> None:
+        raise EndpointConnectionError(endpoint_url="https://dynamodb.us-east-1.amazonaws.com")
+
+    table_client.meta.events.register("before-call.dynamodb.UpdateItem", connection_lost)
+    with pytest.raises(EndpointConnectionError):
+        runtime.run_finder()  # started the executions, then died before marking
+    table_client.meta.events.unregister("before-call.dynamodb.UpdateItem", connection_lost)
+    assert {stored(i)["status"] for i in ids} == {"PENDING"}
+
+    second = runtime.run_finder()  # same names again: no second execution, now marked
+    assert second["found"] == len(ids) and second["backlog"] == 0
+    for task_id in ids:
+        wait_for_status(task_id, {"SUCCEEDED"})
+    assert Counter(a.task_id for a in receiver.received()) == dict.fromkeys(ids, 1)
+    assert len(list(runtime.executions())) == len(ids)
+
+
+def dead_letters(runtime) -> list[dict]:
+    sqs = boto3.client("sqs")
+    reply = sqs.receive_message(QueueUrl=runtime.dead_letter_queue_url, MaxNumberOfMessages=10)
+    return [json.loads(m["Body"]) for m in reply.get("Messages", [])]
+
+
+def test_transient_failure_is_retried_then_failed_to_the_dead_letter_queue(runtime, receiver):
+    receiver.status_for["/down"] = 503
+    ids = store_pending(f"{receiver.url}/down", 1, 500, "flaky")
+    runtime.run_finder()
+    item = wait_for_status(ids[0], {"FAILED"}, timeout_s=30)
+
+    attempts = len(receiver.received())
+    assert attempts == 3 * 4  # urllib3 tries 3 times per invocation; the machine invokes 4 times
+    error = json.loads(item["error"])
+    assert error["Error"] == "TransientTargetError"
+    [message] = dead_letters(runtime)
+    assert message["state"]["task_id"] == ids[0]
+    assert message["state"]["error"]["Error"] == "TransientTargetError"
+    assert message["state"]["claim"]["task"]["task_id"]["S"] == ids[0]
+
+
+def test_permanent_failure_is_not_retried(runtime, receiver):
+    receiver.status_for["/gone"] = 410
+    ids = store_pending(f"{receiver.url}/gone", 1, 500, "gone")
+    runtime.run_finder()
+    item = wait_for_status(ids[0], {"FAILED"})
+    assert len(receiver.received()) == 1
+    assert "410" in json.loads(item["error"])["Cause"]
+    assert [m["state"]["task_id"] for m in dead_letters(runtime)] == ids
+
+
+def test_a_retry_after_success_does_not_act_again(runtime, receiver):
+    """The executor's action is idempotent: a second invocation returns the first result."""
+    ids = store_pending(receiver.url, 1, -1000, "retry")
+    event = {
+        "task_id": ids[0],
+        "version": 1,
+        "due_ms": int(stored(ids[0])["due_ms"]),
+        "task": boto3.client("dynamodb").get_item(
+            TableName=settings().tasks_table, Key={"task_id": {"S": ids[0]}}
+        )["Item"],
+    }
+    first = runtime.invoke("WebhookExecutorFunction", event)
+    second = runtime.invoke("WebhookExecutorFunction", event)
+    assert first == second
+    assert len(receiver.received()) == 1

@@ -1,0 +1,94 @@
+"""A task fires once, never early, by the path its due time calls for."""
+
+import json
+import time
+
+import boto3
+import pytest
+
+from tests.conftest import stored, wait_for_status, webhook_task
+from tocsin import clock
+from tocsin.errors import TaskConflict
+from tocsin.settings import settings
+from tocsin.store import TaskStore
+from tocsin.submit import new_item, submit_task
+from tocsin.targets.webhook import SIGNATURE_HEADER, verify
+
+
+def test_webhook_fires_once_at_due_time_with_payload_and_signature(runtime, receiver):
+    due = clock.now_ms() + 2500
+    payload = {"order": 7, "note": "ünïcode"}
+    submit_task(webhook_task(f"{receiver.url}/hook", due, "once", payload), owner="alice")
+
+    item = wait_for_status("once", {"SUCCEEDED"})
+    time.sleep(0.3)  # room for a duplicate to show up, if there were one
+    [arrival] = receiver.received()
+    assert arrival.arrival_ms >= due
+    assert json.loads(arrival.body) == payload
+    assert arrival.idempotency_key == "once:1"
+    secret = boto3.client("secretsmanager").get_secret_value(SecretId=settings().webhook_secret_arn)
+    assert verify(secret["SecretString"], arrival.headers[SIGNATURE_HEADER], arrival.body)
+    assert int(item["lateness_ms"]) >= 0
+    assert clock.to_iso(due) <= item["fired_at"]
+
+
+def test_task_due_inside_look_ahead_is_started_at_submit(runtime, receiver):
+    submitted = submit_task(
+        webhook_task(receiver.url, clock.now_ms() + 10_000, "soon"), owner="alice"
+    )
+    assert submitted.task["status"] == "SCHEDULED"
+    assert [e.name for e in runtime.executions()] == ["soon-v1"]
+    assert "gsi_pk" not in stored("soon")  # out of the due index: the finder will not see it
+
+
+def test_task_due_beyond_look_ahead_is_started_by_the_finder(receiver):
+    from tocsin.local.runtime import EmbeddedRuntime
+
+    with EmbeddedRuntime(parameters={"LookAheadSeconds": "5"}, finder_interval_s=None) as rt:
+        due = clock.now_ms() + 7000
+        submitted = submit_task(webhook_task(receiver.url, due, "later"), owner="alice")
+        assert submitted.task["status"] == "PENDING"
+        assert rt.run_finder()["found"] == 0
+        time.sleep(2.5)
+        assert rt.run_finder()["started"] == 1
+        wait_for_status("later", {"SUCCEEDED"})
+        assert len(receiver.received()) == 1
+        assert receiver.received()[0].arrival_ms >= due
+
+
+def test_overdue_task_missed_by_the_finder_fires_at_once(runtime, receiver):
+    due = clock.now_ms() - 30_000  # PENDING in the index, as if earlier finder runs failed
+    TaskStore(settings().tasks_table).create(
+        new_item(webhook_task(receiver.url, due, "overdue"), "alice", due - 1000, settings())
+    )
+    assert runtime.run_finder()["started"] == 1
+    item = wait_for_status("overdue", {"SUCCEEDED"})
+    assert len(receiver.received()) == 1
+    assert int(item["lateness_ms"]) >= 30_000
+
+
+def test_resubmitting_the_same_body_is_idempotent(runtime, receiver):
+    body = webhook_task(receiver.url, clock.now_ms() + 60_000, "same")
+    first = submit_task(body, owner="alice")
+    again = submit_task(body, owner="alice")
+    assert first.created and not again.created
+    assert again.task == stored_view("same")
+    assert len(list(runtime.executions())) == 0  # beyond the look-ahead: nothing started
+
+
+def test_conflicting_body_is_refused_and_first_task_untouched(runtime, receiver):
+    due = clock.now_ms() + 60_000
+    submit_task(webhook_task(receiver.url, due, "taken"), owner="alice")
+    before = stored("taken")
+    with pytest.raises(TaskConflict) as refused:
+        submit_task(webhook_task(receiver.url, due + 1, "taken"), owner="alice")
+    assert refused.value.field == "id"
+    with pytest.raises(TaskConflict):
+        submit_task(webhook_task(receiver.url, due, "taken"), owner="mallory")
+    assert stored("taken") == before
+
+
+def stored_view(task_id):
+    from tocsin.model import task_view
+
+    return task_view(stored(task_id))

@@ -1,0 +1,168 @@
+"""Every task type fires once with its payload, through the real machine; every sample event
+in events/ runs through its handler."""
+
+import io
+import json
+import zipfile
+from pathlib import Path
+
+import boto3
+import pytest
+
+from tests.conftest import wait_for_status
+from tocsin import clock
+from tocsin.local.runtime import ACCOUNT_ID, REGION
+from tocsin.submit import submit_task
+
+EVENTS = Path(__file__).parents[2] / "events"
+
+
+def sample(task_type: str) -> dict:
+    return json.loads((EVENTS / f"execute_{task_type}.json").read_text())
+
+
+def sample_target(task_type: str) -> dict:
+    return json.loads(sample(task_type)["task"]["target"]["S"])
+
+
+def queue(name: str) -> tuple[str, str]:
+    sqs = boto3.client("sqs")
+    url = sqs.create_queue(QueueName=name)["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]
+    return url, arn["QueueArn"]
+
+
+def drain(url: str) -> list[dict]:
+    reply = boto3.client("sqs").receive_message(QueueUrl=url, MaxNumberOfMessages=10)
+    return [json.loads(m["Body"]) for m in reply.get("Messages", [])]
+
+
+def envelope_payloads(envelopes: list[dict]) -> list:
+    return [e["payload"] for e in envelopes]
+
+
+class Lambda:
+    def setup(self, runtime) -> None:
+        role = boto3.client("iam").create_role(RoleName="sample", AssumeRolePolicyDocument="{}")
+        archive = io.BytesIO()
+        with zipfile.ZipFile(archive, "w") as z:
+            z.writestr("app.py", "def handler(e, c): return e\n")
+        boto3.client("lambda").create_function(
+            FunctionName="tocsin-sample-target",
+            Runtime="python3.11",
+            Role=role["Role"]["Arn"],
+            Handler="app.handler",
+            Code={"ZipFile": archive.getvalue()},
+        )
+        self.runtime = runtime
+
+    def delivered(self) -> list:
+        calls = self.runtime.foreign_invocations
+        return [event["payload"] for name, event in calls if name == "tocsin-sample-target"]
+
+
+class EventBridge:
+    def setup(self, runtime) -> None:
+        self.url, arn = queue("events-sink")
+        events = boto3.client("events")
+        events.create_event_bus(Name="tocsin-sample")
+        pattern = json.dumps({"source": ["tocsin"]})
+        events.put_rule(Name="sample", EventBusName="tocsin-sample", EventPattern=pattern)
+        events.put_targets(
+            Rule="sample", EventBusName="tocsin-sample", Targets=[{"Id": "sink", "Arn": arn}]
+        )
+
+    def delivered(self) -> list:
+        return [event["detail"]["payload"] for event in drain(self.url)]
+
+
+class Sqs:
+    def setup(self, runtime) -> None:
+        self.url, _ = queue("tocsin-sample")
+
+    def delivered(self) -> list:
+        return envelope_payloads(drain(self.url))
+
+
+class Sns:
+    def setup(self, runtime) -> None:
+        self.url, arn = queue("sns-sink")
+        topic = boto3.client("sns").create_topic(Name="tocsin-sample")["TopicArn"]
+        boto3.client("sns").subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn)
+
+    def delivered(self) -> list:
+        return envelope_payloads([json.loads(m["Message"]) for m in drain(self.url)])
+
+
+class Email:
+    def setup(self, runtime) -> None:
+        boto3.client("ses").verify_email_identity(EmailAddress="scheduler@example.com")
+
+    def delivered(self) -> list:
+        from moto.ses.models import ses_backends
+
+        return [m.body for m in ses_backends[ACCOUNT_ID][REGION].sent_messages]
+
+
+TARGETS = {"lambda": Lambda, "eventbridge": EventBridge, "sqs": Sqs, "sns": Sns, "email": Email}
+
+
+@pytest.mark.parametrize("task_type", sorted(TARGETS))
+def test_task_fires_once_at_its_aws_target(runtime, task_type):
+    target = TARGETS[task_type]()
+    target.setup(runtime)
+    payload = "Renew today." if task_type == "email" else {"order": 42, "type": task_type}
+    due = clock.now_ms() + 2500
+    task_id = f"fire-{task_type}"
+    submit_task(
+        {
+            "id": task_id,
+            "due_at": clock.to_iso(due),
+            "type": task_type,
+            "target": sample_target(task_type),
+            "payload": payload,
+        },
+        owner="alice",
+    )
+    item = wait_for_status(task_id, {"SUCCEEDED", "FAILED"})
+    assert item["status"] == "SUCCEEDED", item.get("error")
+    assert target.delivered() == [payload]
+    assert item["fired_at"] >= clock.to_iso(due)
+
+
+@pytest.mark.parametrize("task_type", sorted(TARGETS))
+def test_sample_event_runs_through_its_executor(runtime, task_type):
+    target = TARGETS[task_type]()
+    target.setup(runtime)
+    event = sample(task_type)
+    function = {"eventbridge": "EventBridge", "sqs": "Sqs", "sns": "Sns"}.get(
+        task_type, task_type.capitalize()
+    )
+    result = runtime.invoke(f"{function}ExecutorFunction", event)
+    assert result["lateness_ms"] == result["fired_ms"] - event["due_ms"] > 0
+    expected = json.loads(event["task"]["payload"]["S"])
+    assert target.delivered() == [expected]
+
+
+def test_sample_webhook_event_runs_through_its_executor(runtime, receiver):
+    event = sample("webhook")
+    target = {"url": f"{receiver.url}/sample"}  # example.com is not reachable from the tests
+    event["task"]["target"]["S"] = json.dumps(target)
+    result = runtime.invoke("WebhookExecutorFunction", event)
+    assert result["result"] == {"status": 200}
+    assert [json.loads(a.body) for a in receiver.received()] == [
+        json.loads(event["task"]["payload"]["S"])
+    ]
+
+
+def test_generated_scheduled_event_runs_the_finder(runtime):
+    event = json.loads((EVENTS / "finder_scheduled.json").read_text())
+    assert runtime.invoke("FinderFunction", event) == {
+        "found": 0,
+        "started": 0,
+        "already_started": 0,
+        "throttled": 0,
+        "failed": 0,
+        "deferred": 0,
+        "backlog": 0,
+    }

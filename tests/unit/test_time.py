@@ -1,0 +1,35 @@
+"""Milliseconds survive every conversion; the gate never lets go early; wake is floored."""
+
+from datetime import UTC, datetime
+
+from tocsin import clock, gate
+from tocsin.dispatch import DueTask, execution_input
+from tocsin.settings import Settings
+
+
+def test_iso_round_trip_keeps_milliseconds():
+    for ms in (0, 1_800_000_000_001, 1_800_000_000_999, 1_767_225_600_000):
+        assert clock.to_ms(datetime.fromisoformat(clock.to_iso(ms))) == ms
+
+
+def test_sub_millisecond_parts_are_floored():
+    moment = datetime(2027, 1, 1, 0, 0, 0, 999_999, tzinfo=UTC)
+    assert clock.to_ms(moment) % 1000 == 999
+
+
+def test_gate_never_releases_before_due():
+    for offset in (0, 3, 17, 40):
+        due = clock.now_ms() + offset
+        released = gate.wait_until(due)
+        assert released >= due
+        assert clock.now_ms() >= due
+
+
+def test_wake_is_the_lead_before_due_floored_to_the_second():
+    config = Settings(LEAD_MS=2000, RETENTION_DAYS=30)
+    task = DueTask(due_ms=1_800_000_001_500, task_id="t", version=3)
+    started = execution_input(task, config)
+    assert started["wake_at"] == clock.to_iso_second(1_799_999_999_500)
+    assert started["wake_at"].endswith(":59Z")
+    assert task.execution_name == "t-v3"
+    assert started["expires_at"] == 1_800_000_001 + 30 * 86_400
