@@ -71,6 +71,8 @@ def test_finder_crash_between_start_and_mark_still_fires_once(runtime, receiver)
 
 
 def dead_letters(runtime) -> list[dict]:
+    """The DLQ's messages, once every execution has finished (the send follows MarkFailed)."""
+    assert runtime.wait_for_executions(10)
     sqs = boto3.client("sqs")
     reply = sqs.receive_message(QueueUrl=runtime.dead_letter_queue_url, MaxNumberOfMessages=10)
     return [json.loads(m["Body"]) for m in reply.get("Messages", [])]

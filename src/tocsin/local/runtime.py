@@ -8,8 +8,9 @@
 * moto runs the ASL (`execute_state_machine`); its Lambda invoke needs Docker, so invokes are
   routed to the handlers of template.yaml in this process, with their resolved environment.
 * moto parses the ASL for every execution; the parsed program is cached per definition.
-* Conditional writes and StartExecution are atomic on AWS; moto's are plain Python, so they
-  run under one lock here to behave the same way when threads race.
+* DynamoDB requests and StartExecution are atomic on AWS; moto's are plain Python (a
+  conditional update reads, copies and writes the item in steps), so they run under one
+  lock here to behave the same way when threads race.
 * The finder runs on a ticker, with a shorter interval and look-ahead than on AWS.
 """
 
@@ -334,18 +335,17 @@ class EmbeddedRuntime:
 
     def _patch_backends(self) -> None:
         from moto.awslambda.models import LambdaBackend
-        from moto.dynamodb.models import DynamoDBBackend
+        from moto.dynamodb.responses import DynamoHandler
         from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
         from moto.stepfunctions.parser.models import StepFunctionsParserBackend
 
         lock = threading.RLock()
-        for owner, names in (
-            (DynamoDBBackend, ("put_item", "update_item", "delete_item", "transact_write_items")),
-            (StepFunctionsParserBackend, ("start_execution",)),
+        for owner, name in (
+            (DynamoHandler, "call_action"),
+            (StepFunctionsParserBackend, "start_execution"),
         ):
-            for name in names:
-                locked = _serialised(getattr(owner, name), lock)
-                self._exits.enter_context(mock.patch.object(owner, name, locked))
+            locked = _serialised(getattr(owner, name), lock)
+            self._exits.enter_context(mock.patch.object(owner, name, locked))
         runtime = self
 
         def invoke(

@@ -1,0 +1,1 @@
+"""Tocsin: fire each task at its timestamp, to the millisecond, exactly once."""

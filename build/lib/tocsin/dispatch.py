@@ -1,0 +1,111 @@
+"""Start, then mark: how a due task gets its Step Functions execution exactly once.
+
+1. StartExecution with the deterministic name `<task_id>-v<version>`: a second start of the
+   same name is refused (`ExecutionAlreadyExists`) or answered with the same execution.
+2. Conditionally mark the task SCHEDULED and drop it from the due index.
+
+A crash between the two leaves the task PENDING in the index; the next finder run starts
+the same name again (no duplicate) and marks it. The Claim in the state machine accepts
+PENDING too, so a task whose mark never happened still fires.
+"""
+
+import json
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from tocsin import aws, clock
+from tocsin.settings import Settings
+from tocsin.store import TaskStore
+
+
+@dataclass(frozen=True, order=True)
+class DueTask:
+    due_ms: int
+    task_id: str
+    version: int
+
+    @property
+    def execution_name(self) -> str:
+        return f"{self.task_id}-v{self.version}"
+
+
+class Outcome(StrEnum):
+    STARTED = "started"
+    ALREADY_STARTED = "already_started"
+    THROTTLED = "throttled"
+    FAILED = "failed"
+    DEFERRED = "deferred"  # not attempted: the time budget ran out first
+
+
+def execution_input(task: DueTask, settings: Settings) -> dict[str, Any]:
+    """The execution input; derived from the task alone, so a repeated start is identical."""
+    return {
+        "task_id": task.task_id,
+        "version": task.version,
+        "due_ms": task.due_ms,
+        "due_at": clock.to_iso(task.due_ms),
+        "wake_at": clock.to_iso_second(task.due_ms - settings.lead_ms),
+        "expires_at": task.due_ms // 1000 + settings.retention_days * 86_400,
+    }
+
+
+def _execution_arn(state_machine_arn: str, name: str) -> str:
+    return f"{state_machine_arn.replace(':stateMachine:', ':execution:')}:{name}"
+
+
+def _sfn() -> Any:
+    # Adaptive mode backs off and rate-limits itself on StartExecution's token bucket.
+    return aws.client("stepfunctions", retry_mode="adaptive", max_attempts=8)
+
+
+def dispatch(task: DueTask, settings: Settings, store: TaskStore) -> Outcome:
+    """Start the task's execution, then mark it SCHEDULED."""
+    sfn = _sfn()
+    try:
+        arn = sfn.start_execution(
+            stateMachineArn=settings.state_machine_arn,
+            name=task.execution_name,
+            input=json.dumps(execution_input(task, settings), sort_keys=True),
+        )["executionArn"]
+        outcome = Outcome.STARTED
+    except sfn.exceptions.ExecutionAlreadyExists:
+        arn = _execution_arn(settings.state_machine_arn, task.execution_name)
+        outcome = Outcome.ALREADY_STARTED
+    except Exception as error:
+        return Outcome.THROTTLED if aws.is_transient(error) else Outcome.FAILED
+    store.mark_scheduled(task.task_id, task.version, arn)
+    return outcome
+
+
+@dataclass(frozen=True)
+class DispatchReport:
+    found: int
+    outcomes: Counter[Outcome]
+
+    @property
+    def backlog(self) -> int:
+        """Tasks left PENDING for the next run."""
+        done = self.outcomes[Outcome.STARTED] + self.outcomes[Outcome.ALREADY_STARTED]
+        return self.found - done
+
+    def as_dict(self) -> dict[str, int]:
+        counts = {outcome.value: self.outcomes[outcome] for outcome in Outcome}
+        return {"found": self.found, **counts, "backlog": self.backlog}
+
+
+def dispatch_all(tasks: list[DueTask], settings: Settings, deadline: float) -> DispatchReport:
+    """Dispatch earliest first, in parallel, until `deadline` (a time.monotonic() value)."""
+    store = TaskStore(settings.tasks_table)
+
+    def one(task: DueTask) -> Outcome:
+        if time.monotonic() >= deadline:
+            return Outcome.DEFERRED
+        return dispatch(task, settings, store)
+
+    with ThreadPoolExecutor(max_workers=settings.dispatch_workers) as pool:
+        outcomes = Counter(pool.map(one, sorted(tasks)))
+    return DispatchReport(found=len(tasks), outcomes=outcomes)

@@ -1,0 +1,42 @@
+"""Errors a caller can cause, each with the field it concerns, and executor failure kinds.
+
+The API maps `TaskError` subclasses to 4xx responses in one place; the state machine retries
+`TransientTargetError` and sends `PermanentTargetError` straight to the dead-letter queue.
+"""
+
+
+class TaskError(Exception):
+    """A request Tocsin refuses; `status` is the HTTP status it maps to."""
+
+    status = 400
+    code = "invalid_request"
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {"code": self.code, "message": self.message, "field": self.field}
+
+
+class InvalidTask(TaskError):
+    code = "invalid_task"
+
+
+class TaskConflict(TaskError):
+    status = 409
+    code = "conflict"
+
+
+class TaskNotFound(TaskError):
+    status = 404
+    code = "not_found"
+
+
+class TransientTargetError(Exception):
+    """The target failed in a way a later attempt may not (timeouts, 5xx, throttling)."""
+
+
+class PermanentTargetError(Exception):
+    """The target refused the task; retrying cannot help (4xx, bad address, missing resource)."""

@@ -1,0 +1,33 @@
+"""The coarse poll: find PENDING tasks due within the look-ahead and dispatch them.
+
+The due index is sparse (only PENDING tasks carry its keys) and sharded, so a run reads
+what is due, never the whole table; overdue tasks are found too, so none is stranded.
+"""
+
+import heapq
+import time
+
+from tocsin import clock
+from tocsin.dispatch import DispatchReport, DueTask, dispatch_all
+from tocsin.settings import Settings
+from tocsin.store import TaskStore
+
+
+def find_due(settings: Settings, until_ms: int) -> list[DueTask]:
+    """Every shard's due tasks, merged earliest first."""
+    store = TaskStore(settings.tasks_table)
+    shards = [
+        (
+            DueTask(int(item["gsi_due_ms"]), item["task_id"], int(item["version"]))
+            for item in store.due_in_shard(shard, until_ms)
+        )
+        for shard in range(settings.shards)
+    ]
+    return list(heapq.merge(*shards))
+
+
+def run_finder(settings: Settings, budget_s: float) -> DispatchReport:
+    """One finder run: what is due by now + look-ahead, dispatched within `budget_s`."""
+    deadline = time.monotonic() + budget_s
+    due = find_due(settings, clock.now_ms() + settings.lookahead_s * 1000)
+    return dispatch_all(due, settings, deadline)

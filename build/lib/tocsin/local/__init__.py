@@ -1,0 +1,1 @@
+"""Running Tocsin on a laptop: the embedded runtime on moto, a webhook receiver, the demo."""

@@ -1,0 +1,87 @@
+"""A webhook receiver on 127.0.0.1: the stopwatch at the far end, where lateness is measured."""
+
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from tocsin import clock
+
+
+@dataclass(frozen=True)
+class Arrival:
+    arrival_ms: int
+    path: str
+    idempotency_key: str
+    task_id: str
+    body: bytes
+    headers: dict[str, str]
+
+
+class WebhookReceiver:
+    """Records every POST with the millisecond it arrived; answers `status_for[path]` or 200."""
+
+    def __init__(self, port: int = 0):
+        self.arrivals: list[Arrival] = []
+        self.status_for: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler_class())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_port}"
+
+    def __enter__(self) -> "WebhookReceiver":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def received(self) -> list[Arrival]:
+        with self._lock:
+            return list(self.arrivals)
+
+    def wait_for(self, count: int, timeout_s: float) -> bool:
+        """Wait until at least `count` requests arrived."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if len(self.arrivals) >= count:
+                return True
+            time.sleep(0.02)
+        return len(self.arrivals) >= count
+
+    def _record(self, arrival: Arrival) -> int:
+        with self._lock:
+            self.arrivals.append(arrival)
+        return self.status_for.get(arrival.path, 200)
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                arrived = clock.now_ms()
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                status = receiver._record(
+                    Arrival(
+                        arrival_ms=arrived,
+                        path=self.path,
+                        idempotency_key=self.headers.get("Idempotency-Key", ""),
+                        task_id=self.headers.get("Tocsin-Task-Id", ""),
+                        body=body,
+                        headers=dict(self.headers.items()),
+                    )
+                )
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                """Quiet: the demo reports arrivals itself."""
+
+        return Handler

@@ -1,0 +1,439 @@
+"""The embedded runtime: the real template, state machine and handlers, on moto, in-process.
+
+* Every resource is created from template.yaml and the .asl.json: the template is translated
+  with the SAM translator and created as a stack in moto's CloudFormation.
+* moto does not apply DefinitionSubstitutions (and creates CloudFormation state machines
+  where they do not execute): the machine is created again, where moto executes it, with
+  its substitutions resolved from the stack.
+* moto runs the ASL (`execute_state_machine`); its Lambda invoke needs Docker, so invokes are
+  routed to the handlers of template.yaml in this process, with their resolved environment.
+* moto parses the ASL for every execution; the parsed program is cached per definition.
+* Conditional writes and StartExecution are atomic on AWS; moto's are plain Python, so they
+  run under one lock here to behave the same way when threads race.
+* The finder runs on a ticker, with a shorter interval and look-ahead than on AWS.
+"""
+
+import copy
+import importlib.util
+import io
+import json
+import logging
+import os
+import secrets
+import threading
+import time
+import warnings
+import zipfile
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+ACCOUNT_ID = "123456789012"
+REGION = "us-east-1"
+STACK_NAME = "tocsin"
+ARTIFACT_BUCKET = "tocsin-local-artifacts"
+ARTIFACT_KEY = "code.zip"
+
+# Local defaults: a quick finder so the demo shows both paths within a minute.
+LOCAL_PARAMETERS = {
+    "LookAheadSeconds": "20",
+    "WebhookAllowedHosts": "127.0.0.1,localhost",
+    "LogLevel": "WARNING",
+}
+PROCESS_ENVIRONMENT = {
+    "AWS_DEFAULT_REGION": REGION,
+    "AWS_REGION": REGION,
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "TZ": "UTC",  # moto's Wait compares with a naive local datetime.now()
+    "POWERTOOLS_METRICS_DISABLED": "true",
+    "POWERTOOLS_TRACE_DISABLED": "true",
+}
+
+log = logging.getLogger(__name__)
+
+
+def project_root() -> Path:
+    """The folder holding template.yaml: the working directory, else this checkout."""
+    for candidate in (Path.cwd(), Path(__file__).resolve().parents[3]):
+        if (candidate / "template.yaml").is_file():
+            return candidate
+    raise FileNotFoundError("template.yaml not found: run from the Tocsin project folder")
+
+
+@dataclass(frozen=True)
+class LocalFunction:
+    logical_id: str
+    name: str
+    arn: str
+    handler: Callable[[Any, Any], Any]
+    timeout_s: float
+
+
+def _load_handler(code_dir: Path, handler: str, logical_id: str) -> Callable[[Any, Any], Any]:
+    module_name, attribute = handler.rsplit(".", 1)
+    path = code_dir / f"{module_name.replace('.', '/')}.py"
+    spec = importlib.util.spec_from_file_location(f"tocsin_function_{logical_id}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, attribute)
+
+
+_programs: dict[str, Any] = {}
+_programs_lock = threading.Lock()
+
+
+def _parsed_program(worker: Any) -> Any:
+    """moto parses the ASL again for every execution (~190 ms of CPU for the task machine);
+    parse each definition once and give every execution its own deep copy (~5 ms)."""
+    return copy.deepcopy(_parse_once(worker._evaluation_details.state_machine_details.definition))
+
+
+def _parse_once(definition: str) -> Any:
+    from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
+
+    with _programs_lock:
+        if definition not in _programs:
+            _programs[definition] = AmazonStateLanguageParser.parse(definition)[0]
+        return _programs[definition]
+
+
+def _serialised(method: Callable[..., Any], lock: threading.RLock) -> Callable[..., Any]:
+    def locked(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            return method(*args, **kwargs)
+
+    return locked
+
+
+class EmbeddedRuntime:
+    """Start with `with EmbeddedRuntime() as runtime:`; see the module docstring."""
+
+    def __init__(
+        self,
+        parameters: dict[str, str] | None = None,
+        finder_interval_s: float | None = 5.0,
+        root: Path | None = None,
+    ):
+        self.root = root or project_root()
+        self.parameters = {**LOCAL_PARAMETERS, **(parameters or {})}
+        self.finder_interval_s = finder_interval_s
+        self.functions: dict[str, LocalFunction] = {}
+        self.outputs: dict[str, str] = {}
+        self.foreign_invocations: list[tuple[str, Any]] = []
+        self._exits = ExitStack()
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def __enter__(self) -> "EmbeddedRuntime":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
+        self._exits.enter_context(mock.patch.dict(os.environ, PROCESS_ENVIRONMENT))
+        self._exits.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message="No application metrics to publish")
+        warnings.filterwarnings("ignore", message="Tried to parse AWS::")
+        time.tzset()
+        self._exits.callback(time.tzset)
+
+        from moto import mock_aws
+
+        self._exits.enter_context(
+            mock_aws(config={"stepfunctions": {"execute_state_machine": True}})
+        )
+        self._patch_backends()
+        self._forget_process_caches()
+        template = self._translated_template()
+        stack = self._create_stack(template)
+        self._install_functions(template, stack)
+        self._create_state_machine(template, stack)
+        self.outputs = {o["OutputKey"]: o["OutputValue"] for o in self._describe_outputs()}
+        if self.finder_interval_s:
+            self._ticker = threading.Thread(target=self._tick, name="finder-ticker", daemon=True)
+            self._ticker.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._ticker:
+            self._ticker.join()
+        if self.outputs:
+            self._stop_executions()
+        self._exits.close()
+        self._forget_process_caches()
+
+    # -- what callers use ------------------------------------------------------------------
+
+    def invoke(self, logical_id: str, event: Any) -> Any:
+        """Run one function of the template on `event`, as Lambda would."""
+        from tocsin.local.lambda_context import LocalLambdaContext
+
+        function = self.functions[logical_id]
+        context = LocalLambdaContext(function.name, function.arn, function.timeout_s)
+        return function.handler(event, context)
+
+    def run_finder(self) -> Any:
+        return self.invoke("FinderFunction", scheduled_event())
+
+    @property
+    def state_machine_arn(self) -> str:
+        return self.outputs["StateMachineArn"]
+
+    @property
+    def tasks_table(self) -> str:
+        return self.outputs["TasksTableName"]
+
+    @property
+    def dead_letter_queue_url(self) -> str:
+        return self.outputs["DeadLetterQueueUrl"]
+
+    def executions(self) -> Iterator[Any]:
+        """moto's execution objects of the task state machine."""
+        backend = self._sfn_backend()
+        yield from list(backend.describe_state_machine(self.state_machine_arn).executions)
+
+    def wait_for_executions(self, timeout_s: float) -> bool:
+        """Wait until no execution is running; False if some still are after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(e.status != "RUNNING" for e in self.executions()):
+                return True
+            time.sleep(0.05)
+        return False
+
+    # -- building the stack ----------------------------------------------------------------
+
+    def _translated_template(self) -> dict[str, Any]:
+        import boto3
+        from samtranslator.public.translator import ManagedPolicyLoader
+        from samtranslator.translator.transform import transform
+        from samtranslator.yaml_helper import yaml_parse
+
+        template = yaml_parse((self.root / "template.yaml").read_text())
+        self._code_dirs: dict[str, Path] = {}
+        artifact = f"s3://{ARTIFACT_BUCKET}/{ARTIFACT_KEY}"
+        for logical_id, resource in template["Resources"].items():
+            properties = resource.get("Properties", {})
+            if resource["Type"] == "AWS::Serverless::Function":
+                self._code_dirs[logical_id] = self.root / properties["CodeUri"]
+                properties["CodeUri"] = artifact
+            elif resource["Type"] == "AWS::Serverless::LayerVersion":
+                properties["ContentUri"] = artifact
+            elif resource["Type"] == "AWS::Serverless::StateMachine":
+                definition = (self.root / properties.pop("DefinitionUri")).read_text()
+                properties["Definition"] = json.loads(definition)
+        loader = ManagedPolicyLoader(boto3.client("iam"))
+        return self._create_secrets(transform(template, dict(self.parameters), loader))
+
+    @staticmethod
+    def _create_secrets(template: dict[str, Any]) -> dict[str, Any]:
+        """moto's CloudFormation skips secrets: create them here and put their ARNs in place."""
+        import boto3
+
+        client = boto3.client("secretsmanager")
+        arns = {}
+        for logical_id, resource in list(template["Resources"].items()):
+            if resource["Type"] == "AWS::SecretsManager::Secret":
+                del template["Resources"][logical_id]
+                arns[logical_id] = client.create_secret(
+                    Name=f"{STACK_NAME}-{logical_id}", SecretString=secrets.token_urlsafe(36)
+                )["ARN"]
+        return _replace_refs(template, arns)
+
+    def _create_stack(self, template: dict[str, Any]) -> Any:
+        import boto3
+        from moto.cloudformation.models import cloudformation_backends
+
+        s3 = boto3.client("s3")
+        s3.create_bucket(Bucket=ARTIFACT_BUCKET)
+        s3.put_object(Bucket=ARTIFACT_BUCKET, Key=ARTIFACT_KEY, Body=_empty_zip())
+        for resource in template["Resources"].values():
+            if resource["Type"] == "AWS::StepFunctions::StateMachine":
+                # moto ignores DefinitionSubstitutions; they are applied after creation.
+                self._substitutions = resource["Properties"].pop("DefinitionSubstitutions", {})
+        boto3.client("cloudformation").create_stack(
+            StackName=STACK_NAME,
+            TemplateBody=json.dumps(template),
+            Parameters=[
+                {"ParameterKey": k, "ParameterValue": v} for k, v in self.parameters.items()
+            ],
+            Capabilities=["CAPABILITY_IAM", "CAPABILITY_AUTO_EXPAND"],
+        )
+        return cloudformation_backends[ACCOUNT_ID][REGION].get_stack(STACK_NAME)
+
+    def _describe_outputs(self) -> list[dict[str, str]]:
+        import boto3
+
+        stack = boto3.client("cloudformation").describe_stacks(StackName=STACK_NAME)["Stacks"][0]
+        return stack.get("Outputs", [])
+
+    def _resolve(self, stack: Any, value: Any) -> Any:
+        from moto.cloudformation.parsing import clean_json
+
+        return clean_json(value, stack.resource_map)
+
+    def _install_functions(self, template: dict[str, Any], stack: Any) -> None:
+        """Load every function's handler and give the process their (merged) environment."""
+        environment: dict[str, str] = {}
+        for logical_id in self._code_dirs:
+            properties = template["Resources"][logical_id]["Properties"]
+            variables = self._resolve(stack, properties.get("Environment", {}).get("Variables", {}))
+            for key, value in variables.items():
+                if environment.setdefault(key, str(value)) != str(value):
+                    raise ValueError(f"functions disagree on {key}: one process cannot run both")
+        self._exits.enter_context(mock.patch.dict(os.environ, environment))
+        self._forget_process_caches()
+        for logical_id, code_dir in self._code_dirs.items():
+            properties = template["Resources"][logical_id]["Properties"]
+            name = self._resolve(stack, {"Ref": logical_id})
+            arn = self._resolve(stack, {"Fn::GetAtt": [logical_id, "Arn"]})
+            handler = _load_handler(code_dir, properties["Handler"], logical_id)
+            timeout = float(properties.get("Timeout", 3))
+            self.functions[logical_id] = LocalFunction(logical_id, name, arn, handler, timeout)
+
+    def _create_state_machine(self, template: dict[str, Any], stack: Any) -> None:
+        """Create the task machine where moto executes it, its placeholders resolved.
+
+        moto's CloudFormation puts state machines in the non-executing backend; this creates
+        the same name (so the same ARN every reference resolved to) in the executing one.
+        """
+        import boto3
+
+        properties = template["Resources"]["TaskStateMachine"]["Properties"]
+        definition = self._resolve(stack, properties["DefinitionString"])
+        for key, value in self._substitutions.items():
+            definition = definition.replace("${" + key + "}", str(self._resolve(stack, value)))
+        arn = self._resolve(stack, {"Ref": "TaskStateMachine"})
+        boto3.client("stepfunctions").create_state_machine(
+            name=arn.rsplit(":", 1)[1],
+            definition=definition,
+            roleArn=self._resolve(stack, properties["RoleArn"]),
+            type=properties.get("StateMachineType", "STANDARD"),
+        )
+        _parse_once(definition)  # now, rather than on the first task's clock
+
+    # -- moto seams --------------------------------------------------------------------------
+
+    def _patch_backends(self) -> None:
+        from moto.awslambda.models import LambdaBackend
+        from moto.dynamodb.models import DynamoDBBackend
+        from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
+        from moto.stepfunctions.parser.models import StepFunctionsParserBackend
+
+        lock = threading.RLock()
+        for owner, names in (
+            (DynamoDBBackend, ("put_item", "update_item", "delete_item", "transact_write_items")),
+            (StepFunctionsParserBackend, ("start_execution",)),
+        ):
+            for name in names:
+                locked = _serialised(getattr(owner, name), lock)
+                self._exits.enter_context(mock.patch.object(owner, name, locked))
+        runtime = self
+
+        def invoke(
+            backend: Any, function_name: str, qualifier: Any, body: Any, *rest: Any
+        ) -> bytes:
+            response_headers = rest[-1]
+            name = backend.get_function(function_name, qualifier).function_name
+            return runtime._route_invoke(name, body, response_headers)
+
+        self._exits.enter_context(mock.patch.object(LambdaBackend, "invoke", invoke))
+        self._exits.enter_context(
+            mock.patch.object(ExecutionWorker, "_get_evaluation_entrypoint", _parsed_program)
+        )
+
+    def _route_invoke(self, name: str, body: Any, response_headers: dict[str, str]) -> bytes:
+        event = json.loads(body) if body else {}
+        function = next((f for f in self.functions.values() if f.name == name), None)
+        if function is None:  # a user's target function: record what it was sent
+            self.foreign_invocations.append((name, event))
+            return b""
+        try:
+            return json.dumps(self.invoke(function.logical_id, event)).encode()
+        except Exception as error:
+            response_headers["x-amz-function-error"] = "Unhandled"
+            return json.dumps(
+                {"errorType": type(error).__name__, "errorMessage": str(error)}
+            ).encode()
+
+    def _sfn_backend(self) -> Any:
+        from moto.stepfunctions.parser.models import stepfunctions_parser_backends
+
+        return stepfunctions_parser_backends[ACCOUNT_ID][REGION]
+
+    def _stop_executions(self) -> None:
+        """Interrupt running executions so no thread outlives the mocked services."""
+        for execution in self.executions():
+            if execution.status == "RUNNING":
+                try:
+                    self._sfn_backend().stop_execution(execution.execution_arn)
+                except Exception as error:  # already finishing
+                    log.debug("stop %s: %s", execution.execution_arn, error)
+
+    def _tick(self) -> None:
+        assert self.finder_interval_s
+        while not self._stop.wait(self.finder_interval_s):
+            try:
+                self.run_finder()
+            except Exception:
+                log.exception("finder run failed")
+
+    @staticmethod
+    def _forget_process_caches() -> None:
+        from tocsin import aws
+        from tocsin.settings import settings
+
+        settings.cache_clear()
+        aws.forget_clients()
+
+
+def scheduled_event() -> dict[str, Any]:
+    """The event an EventBridge schedule sends the finder."""
+    from tocsin import clock
+
+    return {
+        "version": "0",
+        "id": "local-finder-tick",
+        "detail-type": "Scheduled Event",
+        "source": "aws.events",
+        "account": ACCOUNT_ID,
+        "time": clock.to_iso_second(clock.now_ms()),
+        "region": REGION,
+        "resources": [f"arn:aws:events:{REGION}:{ACCOUNT_ID}:rule/local-finder"],
+        "detail": {},
+    }
+
+
+def _replace_refs(value: Any, values: dict[str, str]) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {"Ref"} and value["Ref"] in values:
+            return values[value["Ref"]]
+        return {key: _replace_refs(item, values) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_replace_refs(item, values) for item in value]
+    return value
+
+
+def _empty_zip() -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("app.py", "# the embedded runtime runs the handlers in-process\n")
+    return buffer.getvalue()

@@ -1,0 +1,39 @@
+"""Configuration, parsed once from the environment the template sets on every function."""
+
+import os
+from functools import cache
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_PAYLOAD_BYTES = 200 * 1024  # Step Functions input is 256 KB; this leaves room for the rest.
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    tasks_table: str = Field("", alias="TASKS_TABLE")
+    idempotency_table: str = Field("", alias="IDEMPOTENCY_TABLE")
+    state_machine_arn: str = Field("", alias="STATE_MACHINE_ARN")
+    lookahead_s: int = Field(180, alias="LOOKAHEAD_SECONDS", ge=1)
+    lead_ms: int = Field(2000, alias="LEAD_MS", ge=0)
+    shards: int = Field(8, alias="SHARD_COUNT", ge=1, le=64)
+    retention_days: int = Field(30, alias="RETENTION_DAYS", ge=1)
+    horizon_days: int = Field(365, alias="HORIZON_DAYS", ge=1)
+    finder_budget_s: float = Field(45, alias="FINDER_BUDGET_SECONDS", gt=0)
+    dispatch_workers: int = Field(16, alias="DISPATCH_WORKERS", ge=1)
+    webhook_secret_arn: str = Field("", alias="WEBHOOK_SECRET_ARN")
+    webhook_allowed_hosts: frozenset[str] = Field(frozenset(), alias="WEBHOOK_ALLOWED_HOSTS")
+    webhook_timeout_s: float = Field(10, alias="WEBHOOK_TIMEOUT_SECONDS", gt=0)
+
+    @field_validator("webhook_allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: object) -> object:
+        if isinstance(value, str):
+            return frozenset(h.strip().lower() for h in value.split(",") if h.strip())
+        return value
+
+
+@cache
+def settings() -> Settings:
+    """The settings of this process (cached: the environment does not change in a Lambda)."""
+    return Settings.model_validate(dict(os.environ))

@@ -1,0 +1,28 @@
+"""SNS target: publish the task envelope; FIFO topics de-duplicate on the idempotency key."""
+
+from typing import Any
+
+from pydantic import Field
+
+from tocsin import aws
+from tocsin.targets.base import ACCOUNT_REGION, PARTITION, Delivery, Target, aws_target_errors
+
+
+class SnsTarget(Target):
+    aws_services = ("sns",)
+    topic_arn: str = Field(
+        pattern=rf"^{PARTITION}:sns:{ACCOUNT_REGION}:[A-Za-z0-9_-]{{1,256}}(\.fifo)?$"
+    )
+    subject: str | None = Field(default=None, min_length=1, max_length=100)
+    message_group_id: str | None = Field(default=None, min_length=1, max_length=128)
+
+    def send(self, delivery: Delivery) -> dict[str, Any]:
+        message: dict[str, Any] = {"TopicArn": self.topic_arn, "Message": delivery.envelope()}
+        if self.subject:
+            message["Subject"] = self.subject
+        if self.topic_arn.endswith(".fifo"):
+            message["MessageGroupId"] = self.message_group_id or delivery.task_id
+            message["MessageDeduplicationId"] = delivery.idempotency_key
+        with aws_target_errors():
+            reply = aws.client("sns").publish(**message)
+        return {"message_id": reply["MessageId"]}

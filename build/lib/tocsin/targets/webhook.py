@@ -1,0 +1,162 @@
+"""Webhook target: POST the payload to a public HTTPS URL, signed, with an idempotency key.
+
+The host is resolved and checked, and the signing secret fetched, before the gate; the
+connection goes to that checked address (TLS still verifies the host name), so DNS cannot
+be rebound between check and use.
+Redirects are not followed: a 3xx is a permanent failure.
+"""
+
+import hashlib
+import hmac
+from functools import cache
+from typing import Any
+from urllib.parse import SplitResult, urlsplit
+
+import urllib3
+from aws_lambda_powertools.utilities.parameters import SecretsProvider
+from pydantic import Field, PrivateAttr, field_validator
+
+from tocsin import aws, clock
+from tocsin.errors import PermanentTargetError, TransientTargetError
+from tocsin.settings import settings
+from tocsin.targets import address_guard
+from tocsin.targets.base import Delivery, Target
+
+SIGNATURE_HEADER = "Tocsin-Signature"
+_RESERVED_HEADERS = {"host", "content-length", "content-type", "idempotency-key", "connection"}
+_RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+def sign(secret: str, timestamp_ms: int, body: bytes) -> str:
+    """`t=<ms>,v1=<hex HMAC-SHA256 of "<ms>." + body>`, checked by receivers with the secret."""
+    digest = hmac.new(secret.encode(), f"{timestamp_ms}.".encode() + body, hashlib.sha256)
+    return f"t={timestamp_ms},v1={digest.hexdigest()}"
+
+
+def verify(secret: str, header: str, body: bytes) -> bool:
+    """True when `header` is a signature of `body` made with `secret`."""
+    fields = dict(part.split("=", 1) for part in header.split(",") if "=" in part)
+    if not fields.get("t", "").isdigit() or "v1" not in fields:
+        return False
+    return hmac.compare_digest(sign(secret, int(fields["t"]), body), header)
+
+
+def _is_allowed(parts: SplitResult) -> bool:
+    """Hosts the operator allows explicitly (by name, or name:port) skip the address checks."""
+    host = (parts.hostname or "").lower()
+    allowed = settings().webhook_allowed_hosts
+    return host in allowed or f"{host}:{parts.port}" in allowed
+
+
+@cache
+def _secrets() -> SecretsProvider:
+    return SecretsProvider(boto3_client=aws.client("secretsmanager"))
+
+
+def _signing_secret() -> str | None:
+    """The HMAC key, cached for five minutes so a rotation is picked up without a redeploy."""
+    arn = settings().webhook_secret_arn
+    return str(_secrets().get(arn, max_age=300)) if arn else None
+
+
+class WebhookTarget(Target):
+    aws_services = ("secretsmanager",)
+    url: str = Field(max_length=2048)
+    headers: dict[str, str] = Field(default_factory=dict, max_length=20)
+    _address: str | None = PrivateAttr(default=None)
+    _secret: str | None = PrivateAttr(default=None)
+
+    @field_validator("url")
+    @classmethod
+    def _public_url(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http(s) URL with a host")
+        if parts.username or parts.password:
+            raise ValueError("must not carry credentials")
+        if _is_allowed(parts):
+            return url
+        if parts.scheme != "https":
+            raise ValueError("must use https")
+        literal = address_guard.literal_address(parts.hostname)
+        if parts.hostname == "localhost" or (literal and not address_guard.is_public(literal)):
+            raise ValueError("must not point at an internal address")
+        return url
+
+    @field_validator("headers")
+    @classmethod
+    def _plain_headers(cls, headers: dict[str, str]) -> dict[str, str]:
+        for name, value in headers.items():
+            lowered = name.lower()
+            if not name.replace("-", "").isalnum() or len(name) > 64:
+                raise ValueError(f"header name {name!r} is not a plain token")
+            if lowered in _RESERVED_HEADERS or lowered.startswith("tocsin-"):
+                raise ValueError(f"header {name!r} is set by Tocsin")
+            if "\r" in value or "\n" in value or len(value) > 1024:
+                raise ValueError(f"header {name!r} has a line break or is too long")
+        return headers
+
+    def prepare(self) -> None:
+        parts = urlsplit(self.url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        self._address = address_guard.resolve(
+            parts.hostname or "", port, allow_internal=_is_allowed(parts)
+        )
+        self._secret = _signing_secret()
+
+    def send(self, delivery: Delivery) -> dict[str, Any]:
+        if self._address is None:
+            self.prepare()
+        parts = urlsplit(self.url)
+        body = delivery.payload_json.encode()
+        headers = {
+            **self.headers,
+            "Host": parts.netloc,
+            "Content-Type": "application/json",
+            "Idempotency-Key": delivery.idempotency_key,
+            "Tocsin-Task-Id": delivery.task_id,
+            "Tocsin-Task-Version": str(delivery.version),
+        }
+        if self._secret:
+            headers[SIGNATURE_HEADER] = sign(self._secret, clock.now_ms(), body)
+        status = self._post(parts, body, headers)
+        return {"status": status}
+
+    def _post(self, parts: SplitResult, body: bytes, headers: dict[str, str]) -> int:
+        timeout = settings().webhook_timeout_s
+        common: dict[str, Any] = {
+            "port": parts.port,
+            "timeout": urllib3.Timeout(connect=min(3.0, timeout), read=timeout),
+            "maxsize": 1,
+        }
+        if parts.scheme == "https":
+            host = parts.hostname or ""
+            pool: urllib3.HTTPConnectionPool = urllib3.HTTPSConnectionPool(
+                self._address, server_hostname=host, assert_hostname=host, **common
+            )
+        else:
+            pool = urllib3.HTTPConnectionPool(self._address, **common)
+        retries = urllib3.Retry(
+            total=2,
+            redirect=False,
+            status_forcelist=_RETRIED_STATUSES,
+            allowed_methods=None,
+            backoff_factor=0.1,
+            respect_retry_after_header=False,
+            raise_on_status=False,
+        )
+        path = parts.path or "/"
+        if parts.query:
+            path = f"{path}?{parts.query}"
+        try:
+            with pool:
+                response = pool.urlopen(
+                    "POST", path, body=body, headers=headers, retries=retries, redirect=False
+                )
+        except urllib3.exceptions.HTTPError as error:
+            raise TransientTargetError(f"webhook request failed: {type(error).__name__}") from error
+        if response.status in _RETRIED_STATUSES:
+            raise TransientTargetError(f"webhook answered {response.status}")
+        if not 200 <= response.status < 300:
+            raise PermanentTargetError(f"webhook answered {response.status}")
+        return int(response.status)
