@@ -1,1 +1,0 @@
-"""Tocsin: fire each task at its timestamp, to the millisecond, exactly once."""

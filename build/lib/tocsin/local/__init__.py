@@ -1,1 +1,0 @@
-"""Running Tocsin on a laptop: the embedded runtime on moto, a webhook receiver, the demo."""
