@@ -166,3 +166,18 @@ def test_generated_scheduled_event_runs_the_finder(runtime):
         "deferred": 0,
         "backlog": 0,
     }
+
+
+def test_fifo_queue_deduplicates_on_the_idempotency_key(runtime):
+    sqs = boto3.client("sqs")
+    url = sqs.create_queue(QueueName="orders.fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
+    event = sample("sqs")
+    event["task"]["target"]["S"] = json.dumps({"queue_url": url, "message_group_id": "orders"})
+    runtime.invoke("SqsExecutorFunction", event)
+    [message] = sqs.receive_message(
+        QueueUrl=url, MessageSystemAttributeNames=["MessageDeduplicationId", "MessageGroupId"]
+    )["Messages"]
+    assert message["Attributes"] == {
+        "MessageDeduplicationId": "sample-sqs:1",
+        "MessageGroupId": "orders",
+    }

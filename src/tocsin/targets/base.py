@@ -36,6 +36,14 @@ class Delivery(BaseModel):
         )
 
 
+def fifo_parameters(message_group_id: str | None, delivery: Delivery) -> dict[str, str]:
+    """FIFO queues and topics: ordered within the group, de-duplicated on the idempotency key."""
+    return {
+        "MessageGroupId": message_group_id or delivery.task_id,
+        "MessageDeduplicationId": delivery.idempotency_key,
+    }
+
+
 class Target(BaseModel):
     """A validated target. `prepare` runs before the gate, `send` at the due time."""
 

@@ -5,7 +5,14 @@ from typing import Any
 from pydantic import Field
 
 from tocsin import aws
-from tocsin.targets.base import ACCOUNT_REGION, PARTITION, Delivery, Target, aws_target_errors
+from tocsin.targets.base import (
+    ACCOUNT_REGION,
+    PARTITION,
+    Delivery,
+    Target,
+    aws_target_errors,
+    fifo_parameters,
+)
 
 
 class SnsTarget(Target):
@@ -21,8 +28,7 @@ class SnsTarget(Target):
         if self.subject:
             message["Subject"] = self.subject
         if self.topic_arn.endswith(".fifo"):
-            message["MessageGroupId"] = self.message_group_id or delivery.task_id
-            message["MessageDeduplicationId"] = delivery.idempotency_key
+            message.update(fifo_parameters(self.message_group_id, delivery))
         with aws_target_errors():
             reply = aws.client("sns").publish(**message)
         return {"message_id": reply["MessageId"]}

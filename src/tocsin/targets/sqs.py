@@ -5,7 +5,7 @@ from typing import Any
 from pydantic import Field
 
 from tocsin import aws
-from tocsin.targets.base import Delivery, Target, aws_target_errors
+from tocsin.targets.base import Delivery, Target, aws_target_errors, fifo_parameters
 
 
 class SqsTarget(Target):
@@ -19,8 +19,7 @@ class SqsTarget(Target):
     def send(self, delivery: Delivery) -> dict[str, Any]:
         message: dict[str, Any] = {"QueueUrl": self.queue_url, "MessageBody": delivery.envelope()}
         if self.queue_url.endswith(".fifo"):
-            message["MessageGroupId"] = self.message_group_id or delivery.task_id
-            message["MessageDeduplicationId"] = delivery.idempotency_key
+            message.update(fifo_parameters(self.message_group_id, delivery))
         with aws_target_errors():
             reply = aws.client("sqs").send_message(**message)
         return {"message_id": reply["MessageId"]}
