@@ -9,7 +9,14 @@ from pathlib import Path
 def _demo(args: argparse.Namespace) -> int:
     from tocsin.local import demo
 
-    return demo.main(args.tasks, args.spread, args.json, args.seed)
+    options = demo.DemoOptions(
+        tasks=args.tasks,
+        spread_s=args.spread,
+        seed=args.seed,
+        lookahead_s=args.lookahead,
+        finder_interval_s=args.finder_interval,
+    )
+    return demo.main(options, args.json)
 
 
 def _invoke(args: argparse.Namespace) -> int:
@@ -56,6 +63,8 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--spread", type=float, default=60.0, help="seconds they are spread over")
     demo.add_argument("--json", action="store_true", help="print the summary as JSON, last line")
     demo.add_argument("--seed", type=int, default=None, help="random seed for the due times")
+    demo.add_argument("--lookahead", type=int, default=20, help="finder look-ahead, s (20)")
+    demo.add_argument("--finder-interval", type=float, default=5.0, help="finder ticker, s (5)")
     demo.set_defaults(run=_demo)
 
     invoke = commands.add_parser("invoke", help="run one function of template.yaml on an event")
@@ -70,8 +79,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if getattr(args, "tasks", 1) < 1 or getattr(args, "spread", 1) <= 0:
-        parser().error("--tasks must be at least 1 and --spread positive")
+    if args.command == "demo" and (
+        args.tasks < 1 or args.spread <= 0 or args.lookahead < 5 or args.finder_interval <= 0
+    ):
+        parser().error("--tasks >= 1, --spread > 0, --lookahead >= 5 and --finder-interval > 0")
     return int(args.run(args))
 
 
