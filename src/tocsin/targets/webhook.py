@@ -154,6 +154,11 @@ class WebhookTarget(Target):
                     "POST", path, body=body, headers=headers, retries=retries, redirect=False
                 )
         except urllib3.exceptions.HTTPError as error:
+            reason = getattr(error, "reason", error)
+            if isinstance(
+                reason, urllib3.exceptions.SSLError
+            ):  # a retry will not fix a certificate
+                raise PermanentTargetError(f"webhook TLS failed: {reason}") from error
             raise TransientTargetError(f"webhook request failed: {type(error).__name__}") from error
         if response.status in _RETRIED_STATUSES:
             raise TransientTargetError(f"webhook answered {response.status}")

@@ -1,0 +1,70 @@
+"""HTTPS webhooks connect to the checked address and still verify the certificate's name."""
+
+import http.server
+import socket
+import ssl
+import threading
+
+import pytest
+import trustme
+
+from tocsin.errors import PermanentTargetError
+from tocsin.settings import settings
+from tocsin.targets.base import Delivery
+from tocsin.targets.webhook import WebhookTarget
+
+DELIVERY = Delivery(task_id="t", version=2, idempotency_key="t:2", payload_json='{"a":1}')
+
+
+@pytest.fixture
+def https_server(tmp_path, monkeypatch):
+    """A TLS receiver on 127.0.0.1 with a certificate for hooks.test from a test CA."""
+    authority = trustme.CA()
+    certificate = authority.issue_cert("hooks.test")
+    bundle = tmp_path / "ca.pem"
+    authority.cert_pem.write_to_path(str(bundle))
+    monkeypatch.setenv("SSL_CERT_FILE", str(bundle))
+    monkeypatch.setenv("WEBHOOK_ALLOWED_HOSTS", "hooks.test,other.test")
+    settings.cache_clear()
+    seen: list[tuple[str, bytes]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            seen.append(
+                (self.headers["Host"], self.rfile.read(int(self.headers["Content-Length"])))
+            )
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    certificate.configure_cert(context)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # DNS stands in for the network: both names point at the local server.
+    port = server.server_port
+    answer = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: answer)
+    yield port, seen
+    server.shutdown()
+    settings.cache_clear()
+
+
+def test_https_post_reaches_the_named_host_over_verified_tls(https_server):
+    port, seen = https_server
+    target = WebhookTarget(url=f"https://hooks.test:{port}/in?x=1")
+    target.prepare()
+    assert target.send(DELIVERY) == {"status": 204}
+    assert seen == [(f"hooks.test:{port}", b'{"a":1}')]
+
+
+def test_a_certificate_for_another_name_is_refused(https_server):
+    port, seen = https_server
+    target = WebhookTarget(url=f"https://other.test:{port}/in")
+    target.prepare()
+    with pytest.raises(PermanentTargetError, match=r"doesn't match 'hooks\.test'"):
+        target.send(DELIVERY)
+    assert seen == []
