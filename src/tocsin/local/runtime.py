@@ -7,7 +7,8 @@
   its substitutions resolved from the stack.
 * moto runs the ASL (`execute_state_machine`); its Lambda invoke needs Docker, so invokes are
   routed to the handlers of template.yaml in this process, with their resolved environment.
-* moto parses the ASL for every execution; the parsed program is cached per definition.
+* moto parses the ASL and builds new SDK clients for every execution; the parsed program is
+  cached per definition and the task states share one client per service.
 * DynamoDB requests and StartExecution are atomic on AWS; moto's are plain Python (a
   conditional update reads, copies and writes the item in steps), so they run under one
   lock here to behave the same way when threads race.
@@ -359,6 +360,37 @@ class EmbeddedRuntime:
         self._exits.enter_context(
             mock.patch.object(ExecutionWorker, "_get_evaluation_entrypoint", _parsed_program)
         )
+        self._share_service_clients()
+
+    def _share_service_clients(self) -> None:
+        """moto builds a new boto3 client for every service task (~5-100 ms of CPU each, three
+        per task); the task machine's states share one client per service instead."""
+        import importlib
+
+        clients: dict[tuple[str, str], Any] = {}
+        lock = threading.Lock()
+        prefix = "moto.stepfunctions.parser.asl.component.state.exec.state_task."
+        modules = (
+            "lambda_eval_utils",
+            "service.state_task_service_dynamodb",
+            "service.state_task_service_sqs",
+        )
+        for name in modules:
+            module = importlib.import_module(prefix + name)
+            create = module.boto_client_for
+
+            def shared(
+                region: str,
+                service: str,
+                state_credentials: Any = None,
+                create: Callable[..., Any] = create,
+            ) -> Any:
+                with lock:
+                    if (region, service) not in clients:
+                        clients[region, service] = create(region, service, state_credentials)
+                    return clients[region, service]
+
+            self._exits.enter_context(mock.patch.object(module, "boto_client_for", shared))
 
     def _route_invoke(self, name: str, body: Any, response_headers: dict[str, str]) -> bytes:
         event = json.loads(body) if body else {}
