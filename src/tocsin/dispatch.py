@@ -18,6 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from tocsin import aws, clock
+from tocsin.observability import logger
 from tocsin.settings import Settings
 from tocsin.store import TaskStore
 
@@ -57,9 +58,14 @@ def _execution_arn(state_machine_arn: str, name: str) -> str:
     return f"{state_machine_arn.replace(':stateMachine:', ':execution:')}:{name}"
 
 
+# A few attempts only (backoff ~1, 2, 4 s): a start still throttled after them waits for the
+# next finder run rather than stalling this one.
+SFN_RETRIES = 4  # botocore counts these after the first call
+
+
 def _sfn() -> Any:
     # Adaptive mode backs off and rate-limits itself on StartExecution's token bucket.
-    return aws.client("stepfunctions", retry_mode="adaptive", max_attempts=8)
+    return aws.client("stepfunctions", retry_mode="adaptive", max_attempts=SFN_RETRIES)
 
 
 def dispatch(task: DueTask, settings: Settings, store: TaskStore) -> Outcome:
@@ -75,8 +81,12 @@ def dispatch(task: DueTask, settings: Settings, store: TaskStore) -> Outcome:
     except sfn.exceptions.ExecutionAlreadyExists:
         arn = _execution_arn(settings.state_machine_arn, task.execution_name)
         outcome = Outcome.ALREADY_STARTED
-    except Exception as error:
-        return Outcome.THROTTLED if aws.is_transient(error) else Outcome.FAILED
+    except Exception as error:  # the task stays PENDING: the next finder run tries again
+        outcome = Outcome.THROTTLED if aws.is_transient(error) else Outcome.FAILED
+        logger.warning(
+            "start failed", task_id=task.task_id, outcome=outcome, error=aws.error_code(error)
+        )
+        return outcome
     store.mark_scheduled(task.task_id, task.version, arn)
     return outcome
 

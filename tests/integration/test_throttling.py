@@ -1,0 +1,60 @@
+"""StartExecution throttling: botocore backs off and retries; what still fails waits, PENDING."""
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from moto.core.exceptions import JsonRESTError
+from moto.stepfunctions.parser.models import StepFunctionsParserBackend
+
+from tests.conftest import stored, webhook_task
+from tocsin import clock
+from tocsin.settings import settings
+from tocsin.store import TaskStore
+from tocsin.submit import new_item
+
+
+def throttle(monkeypatch: pytest.MonkeyPatch, times: int) -> list[int]:
+    """Step Functions answers ThrottlingException `times` times, as past its token bucket."""
+    calls: list[int] = []
+    start: Callable[..., Any] = StepFunctionsParserBackend.start_execution
+
+    def throttled(backend: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) <= times:
+            raise JsonRESTError("ThrottlingException", "Rate exceeded")
+        return start(backend, *args, **kwargs)
+
+    monkeypatch.setattr(StepFunctionsParserBackend, "start_execution", throttled)
+    return calls
+
+
+def pending_task(task_id: str, receiver_url: str) -> None:
+    now = clock.now_ms()
+    body = webhook_task(receiver_url, now + 15_000, task_id)
+    TaskStore(settings().tasks_table).create(new_item(body, "alice", now, settings()))
+
+
+def test_throttled_starts_are_retried_with_backoff(runtime, receiver, monkeypatch):
+    pending_task("busy", receiver.url)
+    calls = throttle(monkeypatch, times=2)
+    report = runtime.run_finder()
+    assert report["started"] == 1 and report["throttled"] == 0
+    assert len(calls) == 3
+    assert stored("busy")["status"] == "SCHEDULED"
+    assert [e.name for e in runtime.executions()] == ["busy-v1"]
+
+
+def test_a_start_throttled_beyond_retries_stays_pending_for_the_next_run(
+    runtime, receiver, monkeypatch
+):
+    pending_task("jammed", receiver.url)
+    calls = throttle(monkeypatch, times=99)
+    report = runtime.run_finder()
+    assert report["throttled"] == 1 and report["backlog"] == 1
+    assert len(calls) == 5  # the first call and four retries, then it gives up for this run
+    assert stored("jammed")["status"] == "PENDING"
+    assert "gsi_pk" in stored("jammed")  # still in the due index
+    assert list(runtime.executions()) == []
+    monkeypatch.undo()
+    assert runtime.run_finder()["started"] == 1
