@@ -187,10 +187,16 @@ class EmbeddedRuntime:
     def invoke(self, logical_id: str, event: Any) -> Any:
         """Run one function of the template on `event`, as Lambda would."""
         from tocsin.local.lambda_context import LocalLambdaContext
+        from tocsin.observability import metrics
 
         function = self.functions[logical_id]
         context = LocalLambdaContext(function.name, function.arn, function.timeout_s)
-        return function.handler(event, context)
+        try:
+            return function.handler(event, context)
+        finally:
+            # No CloudWatch here: drop the invocation's metrics (Powertools keeps them when
+            # disabled, and prints them once 100 values pile up).
+            metrics.clear_metrics()
 
     def run_finder(self) -> Any:
         return self.invoke("FinderFunction", scheduled_event())
@@ -303,6 +309,11 @@ class EmbeddedRuntime:
                     raise ValueError(f"functions disagree on {key}: one process cannot run both")
         self._exits.enter_context(mock.patch.dict(os.environ, environment))
         self._forget_process_caches()
+        from tocsin.observability import logger
+
+        # The logger was made at import, before this environment: take the template's level.
+        self._exits.callback(logger.setLevel, logger.log_level)
+        logger.setLevel(os.environ.get("POWERTOOLS_LOG_LEVEL", "INFO"))
         for logical_id, code_dir in self._code_dirs.items():
             properties = template["Resources"][logical_id]["Properties"]
             name = self._resolve(stack, {"Ref": logical_id})
