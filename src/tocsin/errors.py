@@ -1,6 +1,6 @@
 """Errors a caller can cause, each with the field it concerns, and executor failure kinds.
 
-The API maps `TaskError` subclasses to 4xx responses in one place; the state machine retries
+Each `TaskError` carries the 4xx status it stands for; the state machine retries
 `TransientTargetError` and sends `PermanentTargetError` straight to the dead-letter queue.
 """
 
@@ -16,9 +16,6 @@ class TaskError(Exception):
         self.message = message
         self.field = field
 
-    def to_dict(self) -> dict[str, str | None]:
-        return {"code": self.code, "message": self.message, "field": self.field}
-
 
 class InvalidTask(TaskError):
     code = "invalid_task"
@@ -27,11 +24,6 @@ class InvalidTask(TaskError):
 class TaskConflict(TaskError):
     status = 409
     code = "conflict"
-
-
-class TaskNotFound(TaskError):
-    status = 404
-    code = "not_found"
 
 
 class TransientTargetError(Exception):
