@@ -155,9 +155,8 @@ class WebhookTarget(Target):
                 )
         except urllib3.exceptions.HTTPError as error:
             reason = getattr(error, "reason", error)
-            if isinstance(
-                reason, urllib3.exceptions.SSLError
-            ):  # a retry will not fix a certificate
+            # A certificate that does not verify will not verify on a retry either.
+            if isinstance(reason, urllib3.exceptions.SSLError):
                 raise PermanentTargetError(f"webhook TLS failed: {reason}") from error
             raise TransientTargetError(f"webhook request failed: {type(error).__name__}") from error
         if response.status in _RETRIED_STATUSES:
