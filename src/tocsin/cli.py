@@ -2,8 +2,15 @@
 
 import argparse
 import json
+import os
+import re
 import sys
+from datetime import datetime
 from pathlib import Path
+from typing import Any
+
+RELATIVE = re.compile(r"^\+(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
+SECONDS_PER_UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -54,6 +61,143 @@ def _asl(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    """The task API on 127.0.0.1 over the embedded runtime, until Ctrl-C."""
+    import threading
+
+    from tocsin.local.runtime import EmbeddedRuntime
+    from tocsin.local.server import serving
+
+    parameters = {"LookAheadSeconds": str(args.lookahead)}
+    runtime = EmbeddedRuntime(parameters, finder_interval_s=args.finder_interval)
+    with runtime, serving(runtime, args.port) as url:
+        print(f"Tocsin API on {url} (caller: X-Tocsin-Principal header). Ctrl-C stops.")
+        print(f"  export TOCSIN_URL={url}", flush=True)
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            print("stopping")
+    return 0
+
+
+def when(text: str) -> dict[str, Any]:
+    """`--at`: `+90s`, `+2h`, `+1500ms` become a delay; ISO-8601 with a zone, a due_at."""
+    relative = RELATIVE.match(text)
+    if relative:
+        return {"delay": float(relative[1]) * SECONDS_PER_UNIT[relative[2]]}
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        message = f"{text!r} is neither +<n><ms|s|m|h|d> nor ISO-8601"
+        raise argparse.ArgumentTypeError(message) from None
+    if moment.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} has no timezone (add Z or +01:00)")
+    return {"due_at": moment}
+
+
+def json_argument(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"not JSON: {error}") from None
+
+
+def _task_command(args: argparse.Namespace) -> int:
+    """submit, get, list, cancel, reschedule: one API call each, printed for people or --json."""
+    from tocsin.client import ApiError, Client
+    from tocsin.local.output import print_page, print_task
+
+    if not args.url:
+        print("error: give --url or set TOCSIN_URL (tocsin serve prints it)", file=sys.stderr)
+        return 2
+    client = Client(args.url, principal=args.principal)
+    try:
+        result = args.call(client, args)
+    except ApiError as error:
+        where = f" (field: {error.field})" if error.field else ""
+        print(f"error: {error.status} {error.code}: {error.message}{where}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(result.model_dump_json())
+    elif hasattr(result, "tasks"):
+        print_page(result)
+    else:
+        print_task(result)
+    return 0
+
+
+def _submit_call(client: Any, args: argparse.Namespace) -> Any:
+    return client.submit(
+        type=args.type,
+        target=args.target,
+        payload=args.payload,
+        id=args.id,
+        max_attempts=args.max_attempts,
+        **args.at,
+    )
+
+
+def _list_call(client: Any, args: argparse.Namespace) -> Any:
+    return client.list(
+        status=args.status,
+        due_before=args.due_before,
+        due_after=args.due_after,
+        limit=args.limit,
+        next=args.next,
+    )
+
+
+def _reschedule_call(client: Any, args: argparse.Namespace) -> Any:
+    changes = dict(args.at or {})
+    if args.payload is not None:
+        changes["payload"] = args.payload
+    return client.reschedule(args.task_id, **changes)
+
+
+def _add_task_commands(commands: Any) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default=os.environ.get("TOCSIN_URL"), help="API base URL")
+    common.add_argument(
+        "--principal",
+        default=os.environ.get("TOCSIN_PRINCIPAL"),
+        help="caller for `tocsin serve` (unsigned); leave out to sign with AWS credentials",
+    )
+    common.add_argument("--json", action="store_true", help="print the reply as JSON")
+
+    submit = commands.add_parser("submit", parents=[common], help="schedule a task")
+    submit.add_argument("--type", required=True, help="webhook, lambda, eventbridge, sqs, ...")
+    submit.add_argument("--target", required=True, type=json_argument, help="target, JSON")
+    submit.add_argument("--payload", type=json_argument, default=None, help="payload, JSON")
+    submit.add_argument("--at", required=True, type=when, help="+90s, +2h or ISO-8601 with zone")
+    submit.add_argument("--id", help="your id for the task (made up if left out)")
+    submit.add_argument("--max-attempts", type=int, help="delivery attempts, 1-5 (3)")
+    submit.set_defaults(run=_task_command, call=_submit_call)
+
+    get = commands.add_parser("get", parents=[common], help="show a task")
+    get.add_argument("task_id")
+    get.set_defaults(run=_task_command, call=lambda client, args: client.get(args.task_id))
+
+    listing = commands.add_parser("list", parents=[common], help="list your tasks")
+    listing.add_argument("--status", help="PENDING, SCHEDULED, RUNNING, SUCCEEDED, ...")
+    listing.add_argument("--due-before", help="ISO-8601 time")
+    listing.add_argument("--due-after", help="ISO-8601 time")
+    listing.add_argument("--limit", type=int, help="tasks per page, 1-100 (50)")
+    listing.add_argument("--next", help="the token printed under the previous page")
+    listing.set_defaults(run=_task_command, call=_list_call)
+
+    cancel = commands.add_parser("cancel", parents=[common], help="cancel a task not yet fired")
+    cancel.add_argument("task_id")
+    cancel.set_defaults(run=_task_command, call=lambda client, args: client.cancel(args.task_id))
+
+    reschedule = commands.add_parser(
+        "reschedule", parents=[common], help="move a task not yet fired, or change its payload"
+    )
+    reschedule.add_argument("task_id")
+    reschedule.add_argument("--at", type=when, help="+90s, +2h or ISO-8601 with zone")
+    reschedule.add_argument("--payload", type=json_argument, help="new payload, JSON")
+    reschedule.set_defaults(run=_task_command, call=_reschedule_call)
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="tocsin", description=__doc__)
     commands = root.add_subparsers(dest="command", required=True)
@@ -74,6 +218,14 @@ def parser() -> argparse.ArgumentParser:
 
     asl = commands.add_parser("asl", help="print the task state machine with substitutions")
     asl.set_defaults(run=_asl)
+
+    serve = commands.add_parser("serve", help="serve the task API locally, tasks fire for real")
+    serve.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (8765)")
+    serve.add_argument("--lookahead", type=int, default=20, help="finder look-ahead, s (20)")
+    serve.add_argument("--finder-interval", type=float, default=5.0, help="finder ticker, s (5)")
+    serve.set_defaults(run=_serve)
+
+    _add_task_commands(commands)
     return root
 
 
@@ -83,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         args.tasks < 1 or args.spread <= 0 or args.lookahead < 5 or args.finder_interval <= 0
     ):
         parser().error("--tasks >= 1, --spread > 0, --lookahead >= 5 and --finder-interval > 0")
+    if args.command == "reschedule" and args.at is None and args.payload is None:
+        parser().error("reschedule needs --at, --payload or both")
     return int(args.run(args))
 
 

@@ -119,3 +119,26 @@ def dispatch_all(tasks: list[DueTask], settings: Settings, deadline: float) -> D
     with ThreadPoolExecutor(max_workers=settings.dispatch_workers) as pool:
         outcomes = Counter(pool.map(one, sorted(tasks)))
     return DispatchReport(found=len(tasks), outcomes=outcomes)
+
+
+def dispatch_if_due_soon(
+    item: dict[str, Any], settings: Settings, store: TaskStore
+) -> dict[str, Any]:
+    """Dispatch a just-written PENDING task now if the finder would miss it; the stored task.
+
+    The finder only sees tasks due within its look-ahead at its next run: a task due sooner
+    than that is started here, by the request that wrote it.
+    """
+    due_ms = int(item["due_ms"])  # an int, or a Decimal when read back from DynamoDB
+    if due_ms > clock.now_ms() + settings.lookahead_s * 1000:
+        return item
+    dispatch(DueTask(due_ms, item["task_id"], int(item["version"])), settings, store)
+    return store.get(item["task_id"]) or item
+
+
+def stop_execution(execution_arn: str, reason: str) -> None:
+    """Stop an execution whose task changed; best effort, since its claim fails regardless."""
+    try:
+        _sfn().stop_execution(executionArn=execution_arn, cause=reason)
+    except Exception as error:  # already finished, or the service is busy: harmless
+        logger.info("stop skipped", execution=execution_arn, error=aws.error_code(error))

@@ -21,6 +21,18 @@ class InvalidTask(TaskError):
     code = "invalid_task"
 
 
+class Unauthenticated(TaskError):
+    status = 401
+    code = "unauthenticated"
+
+
+class TaskNotFound(TaskError):
+    """No such task for this caller: another owner's task is reported the same way."""
+
+    status = 404
+    code = "not_found"
+
+
 class TaskConflict(TaskError):
     status = 409
     code = "conflict"

@@ -22,10 +22,11 @@ from boto3.dynamodb.types import TypeDeserializer
 from pydantic import BaseModel, ValidationError
 
 from tocsin import aws, clock, gate
-from tocsin.errors import PermanentTargetError
-from tocsin.model import TaskType, idempotency_key
+from tocsin.errors import PermanentTargetError, TransientTargetError
+from tocsin.model import DEFAULT_MAX_ATTEMPTS, TaskType, idempotency_key
 from tocsin.observability import logger, metrics, tracer
 from tocsin.settings import settings
+from tocsin.store import TaskStore
 from tocsin.targets import TARGETS, Delivery, Target, parse_target
 
 _deserializer = TypeDeserializer()
@@ -51,6 +52,7 @@ class ClaimedTask:
     task_type: TaskType
     target: Target
     payload_json: str
+    max_attempts: int
 
     def delivery(self) -> Delivery:
         return Delivery(
@@ -69,7 +71,13 @@ def claimed_task(event: dict[str, Any]) -> ClaimedTask:
         task_type = TaskType(item["task_type"])
         target = parse_target(task_type, json.loads(item["target"]))
         return ClaimedTask(
-            parsed.task_id, parsed.version, parsed.due_ms, task_type, target, item["payload"]
+            task_id=parsed.task_id,
+            version=parsed.version,
+            due_ms=parsed.due_ms,
+            task_type=task_type,
+            target=target,
+            payload_json=item["payload"],
+            max_attempts=int(item.get("max_attempts", DEFAULT_MAX_ATTEMPTS)),
         )
     except (ValidationError, KeyError, ValueError, TypeError) as error:
         raise PermanentTargetError(f"malformed executor input: {error}") from error
@@ -98,13 +106,27 @@ def _deliver_once(task: ClaimedTask) -> dict[str, Any]:
     return once(delivery=task.delivery().model_dump())
 
 
+def _act(task: ClaimedTask) -> dict[str, Any]:
+    """Prepare, gate and send, counting the attempt; the last allowed attempt fails for good."""
+    attempt = TaskStore(settings().tasks_table).count_attempt(task.task_id, task.version)
+    if attempt is None:  # not claimed in the table: a hand-made event (events/ samples)
+        logger.warning("attempt not counted", task_id=task.task_id, version=task.version)
+        attempt = 1
+    try:
+        task.target.prepare()
+        return _deliver_once(task)
+    except TransientTargetError as error:
+        if attempt >= task.max_attempts:
+            raise PermanentTargetError(f"gave up after {attempt} attempts: {error}") from error
+        raise
+
+
 def execute(event: dict[str, Any], expected_type: TaskType) -> dict[str, Any]:
     """Validate, sleep until due, act once; the reply is what MarkSucceeded records."""
     task = claimed_task(event)
     if task.task_type is not expected_type:
         raise PermanentTargetError(f"a {task.task_type} task reached the {expected_type} executor")
-    task.target.prepare()
-    done = _deliver_once(task)
+    done = _act(task)
     lateness_ms = done["fired_ms"] - task.due_ms
     metrics.add_metric(name="Fired", unit=MetricUnit.Count, value=1)
     metrics.add_metric(name="LatenessMs", unit=MetricUnit.Milliseconds, value=lateness_ms)
@@ -120,6 +142,7 @@ def execute(event: dict[str, Any], expected_type: TaskType) -> dict[str, Any]:
 def executor_handler(task_type: TaskType) -> Callable[[dict[str, Any], LambdaContext], Any]:
     """The Lambda handler of one task type's executor; its SDK clients are made now, at init."""
     _persistence(settings().idempotency_table)
+    aws.resource("dynamodb")  # the attempt count on the Tasks table
     for service in TARGETS[task_type].aws_services:
         aws.client(service)
 

@@ -1,10 +1,13 @@
 """What a task is: its statuses, its types, the stored item and the view callers see."""
 
+import contextlib
 import json
 from enum import StrEnum
 from typing import Any
 
 ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+DEFAULT_MAX_ATTEMPTS = 3
+MAX_ATTEMPTS_LIMIT = 5  # the executor states' Retry allows this many attempts in all
 
 
 class TaskStatus(StrEnum):
@@ -16,6 +19,9 @@ class TaskStatus(StrEnum):
     CANCELLED = "CANCELLED"
 
 
+CHANGEABLE = (TaskStatus.PENDING, TaskStatus.SCHEDULED)  # not yet claimed: cancel or reschedule
+
+
 class TaskType(StrEnum):
     WEBHOOK = "webhook"
     LAMBDA = "lambda"
@@ -25,9 +31,27 @@ class TaskType(StrEnum):
     EMAIL = "email"
 
 
+def owner_id(principal_id: str) -> str:
+    """The owner a caller's tasks belong to: its IAM unique id, without a role session name.
+
+    API Gateway's IAM authorizer (`userId`) and SQS (`SenderId`) report the same id, so a role
+    sees the tasks it submitted either way, from any of its sessions.
+    """
+    return principal_id.split(":", 1)[0]
+
+
 def idempotency_key(task_id: str, version: int) -> str:
     """The key every action of one task version carries, so a retried action is recognised."""
     return f"{task_id}:{version}"
+
+
+def _error_view(stored: str) -> dict[str, str]:
+    """The state machine stores `{"Error", "Cause"}`; a Lambda's Cause is its error JSON."""
+    error = json.loads(stored)
+    cause = error.get("Cause", "")
+    with contextlib.suppress(ValueError, AttributeError):
+        cause = json.loads(cause).get("errorMessage", cause)
+    return {"type": error.get("Error", ""), "message": str(cause)}
 
 
 def task_view(item: dict[str, Any]) -> dict[str, Any]:
@@ -40,13 +64,17 @@ def task_view(item: dict[str, Any]) -> dict[str, Any]:
         "type": item["task_type"],
         "target": json.loads(item["target"]),
         "payload": json.loads(item["payload"]),
+        "max_attempts": int(item.get("max_attempts", DEFAULT_MAX_ATTEMPTS)),
+        "attempts": int(item.get("attempts", 0)),
         "created_at": item["created_at"],
     }
-    for name in ("fired_at", "error"):
+    for name in ("fired_at", "updated_at"):
         if name in item:
             view[name] = item[name]
     if "lateness_ms" in item:
         view["lateness_ms"] = int(item["lateness_ms"])
     if "result" in item:
         view["result"] = json.loads(item["result"])
+    if "error" in item:
+        view["error"] = _error_view(item["error"])
     return view

@@ -21,6 +21,7 @@ class Settings(BaseModel):
     horizon_days: int = Field(365, alias="HORIZON_DAYS", ge=1)
     finder_budget_s: float = Field(45, alias="FINDER_BUDGET_SECONDS", gt=0)
     dispatch_workers: int = Field(16, alias="DISPATCH_WORKERS", ge=1)
+    submit_dead_letter_queue_url: str = Field("", alias="SUBMIT_DEAD_LETTER_QUEUE_URL")
     webhook_secret_arn: str = Field("", alias="WEBHOOK_SECRET_ARN")
     webhook_allowed_hosts: frozenset[str] = Field(frozenset(), alias="WEBHOOK_ALLOWED_HOSTS")
     webhook_timeout_s: float = Field(10, alias="WEBHOOK_TIMEOUT_SECONDS", gt=0)

@@ -3,12 +3,14 @@
 from collections.abc import Iterator
 from typing import Any
 
-from boto3.dynamodb.conditions import Key
+from boto3.dynamodb.conditions import Attr, Key
 
 from tocsin import aws
 from tocsin.model import TaskStatus
 
 DUE_INDEX = "DueIndex"
+OWNER_INDEX = "OwnerIndex"
+OWNER_INDEX_KEY = ("task_id", "owner", "due_ms")  # what a page of OwnerIndex resumes from
 
 
 class TaskStore:
@@ -67,3 +69,119 @@ class TaskStore:
             if "LastEvaluatedKey" not in page:
                 return
             query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    def owned(
+        self,
+        owner: str,
+        due_after_ms: int | None,
+        due_before_ms: int | None,
+        status: TaskStatus | None,
+        limit: int,
+        start: dict[str, Any] | None,
+    ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        """Up to `limit` of one owner's tasks, earliest due first (strict bounds), and the key
+        to resume from (None when there are no more)."""
+        key = Key("owner").eq(owner)
+        low = None if due_after_ms is None else due_after_ms + 1
+        high = None if due_before_ms is None else due_before_ms - 1
+        if low is not None and high is not None:
+            key &= Key("due_ms").between(low, high)
+        elif low is not None:
+            key &= Key("due_ms").gte(low)
+        elif high is not None:
+            key &= Key("due_ms").lte(high)
+        query: dict[str, Any] = {
+            "IndexName": OWNER_INDEX,
+            "KeyConditionExpression": key,
+            "Limit": limit,
+        }
+        if status is not None:
+            query["FilterExpression"] = Attr("status").eq(status.value)
+        if start is not None:
+            query["ExclusiveStartKey"] = start
+        items: list[dict[str, Any]] = []
+        while True:
+            page = self._table.query(**query)
+            items.extend(page.get("Items", []))
+            more = "LastEvaluatedKey" in page
+            if len(items) >= limit and (more or len(items) > limit):
+                items = items[:limit]
+                return items, {name: items[-1][name] for name in OWNER_INDEX_KEY}
+            if not more:
+                return items, None
+            query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    def cancel(self, task_id: str, owner: str, now_iso: str) -> dict[str, Any] | None:
+        """CANCELLED if the owner's task is not claimed yet; the task, or None if it was not."""
+        return self._update_if_changeable(
+            task_id,
+            owner,
+            "SET #s = :cancelled, updated_at = :now REMOVE gsi_pk, gsi_due_ms",
+            {":cancelled": TaskStatus.CANCELLED.value, ":now": now_iso},
+        )
+
+    def reschedule(
+        self, task_id: str, owner: str, version: int, changes: dict[str, Any], now_iso: str
+    ) -> dict[str, Any] | None:
+        """The next version, PENDING with `changes`, if still unclaimed at `version`; else None.
+
+        The old version's execution fails its claim on the version and does nothing.
+        """
+        names = {f"#c{i}": name for i, name in enumerate(changes)}
+        values = {f":c{i}": value for i, value in enumerate(changes.values())}
+        sets = ", ".join(f"{name} = {value}" for name, value in zip(names, values, strict=True))
+        return self._update_if_changeable(
+            task_id,
+            owner,
+            f"SET #v = :next, #s = :pending, updated_at = :now, {sets} REMOVE execution_arn",
+            {":next": version + 1, ":now": now_iso, ":version": version, **values},
+            extra_condition=" AND #v = :version",
+            extra_names={"#v": "version", **names},
+        )
+
+    def _update_if_changeable(
+        self,
+        task_id: str,
+        owner: str,
+        update: str,
+        values: dict[str, Any],
+        extra_condition: str = "",
+        extra_names: dict[str, str] | None = None,
+    ) -> dict[str, Any] | None:
+        try:
+            reply = self._table.update_item(
+                Key={"task_id": task_id},
+                UpdateExpression=update,
+                ConditionExpression="#o = :owner AND #s IN (:pending, :scheduled)"
+                + extra_condition,
+                ExpressionAttributeNames={"#o": "owner", "#s": "status", **(extra_names or {})},
+                ExpressionAttributeValues={
+                    ":owner": owner,
+                    ":pending": TaskStatus.PENDING.value,
+                    ":scheduled": TaskStatus.SCHEDULED.value,
+                    **values,
+                },
+                ReturnValues="ALL_NEW",
+            )
+        except self._conditional_failed:
+            return None
+        return reply["Attributes"]
+
+    def count_attempt(self, task_id: str, version: int) -> int | None:
+        """Add one to a claimed task's attempts; the new count, or None if it is not claimed."""
+        try:
+            reply = self._table.update_item(
+                Key={"task_id": task_id},
+                UpdateExpression="ADD attempts :one",
+                ConditionExpression="#s = :running AND #v = :v",
+                ExpressionAttributeNames={"#s": "status", "#v": "version"},
+                ExpressionAttributeValues={
+                    ":one": 1,
+                    ":running": TaskStatus.RUNNING.value,
+                    ":v": version,
+                },
+                ReturnValues="UPDATED_NEW",
+            )
+        except self._conditional_failed:
+            return None
+        return int(reply["Attributes"]["attempts"])

@@ -8,27 +8,55 @@ import hashlib
 import json
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from tocsin import clock
-from tocsin.dispatch import DueTask, dispatch
+from tocsin.dispatch import dispatch_if_due_soon
 from tocsin.errors import InvalidTask, TaskConflict
-from tocsin.model import ID_PATTERN, TaskStatus, TaskType, task_view
+from tocsin.model import (
+    DEFAULT_MAX_ATTEMPTS,
+    ID_PATTERN,
+    MAX_ATTEMPTS_LIMIT,
+    TaskStatus,
+    TaskType,
+    task_view,
+)
 from tocsin.settings import MAX_PAYLOAD_BYTES, Settings, settings
 from tocsin.store import TaskStore
 from tocsin.targets import parse_target
 
 
-class Submission(BaseModel):
+class Timing(BaseModel):
+    """When a task is due: an absolute `due_at`, or a `delay` after the request (or event)."""
+
     model_config = ConfigDict(extra="forbid")
 
+    due_at: AwareDatetime | None = None
+    delay: timedelta | None = Field(default=None, ge=timedelta(0))
+
+    def due_ms(self, base_ms: int, now_ms: int, config: Settings) -> int:
+        """The due time in epoch ms; raises InvalidTask if absent, doubled or beyond the horizon."""
+        if (self.due_at is None) == (self.delay is None):
+            raise InvalidTask("due_at: give exactly one of due_at and delay", field="due_at")
+        if self.due_at is not None:
+            due_ms, field = clock.to_ms(self.due_at), "due_at"
+        else:
+            assert self.delay is not None
+            due_ms, field = base_ms + self.delay // timedelta(milliseconds=1), "delay"
+        if due_ms - now_ms > config.horizon_days * 86_400_000:
+            raise InvalidTask(f"{field}: more than {config.horizon_days} days ahead", field=field)
+        return due_ms
+
+
+class Submission(Timing):
     id: str | None = Field(default=None, pattern=ID_PATTERN)
-    due_at: AwareDatetime
     type: TaskType
     target: dict[str, Any]
     payload: JsonValue = None
+    max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1, le=MAX_ATTEMPTS_LIMIT)
 
 
 @dataclass(frozen=True)
@@ -37,10 +65,19 @@ class Submitted:
     created: bool
 
 
-def _invalid(error: ValidationError, prefix: str = "") -> InvalidTask:
+def invalid(error: ValidationError, prefix: str = "") -> InvalidTask:
+    """The first pydantic error as an InvalidTask naming its field (dotted path)."""
     first = error.errors()[0]
-    field = ".".join(str(part) for part in (prefix, *first["loc"]) if part != "")
-    return InvalidTask(f"{field or 'body'}: {first['msg']}", field=field or None)
+    field = ".".join(str(part) for part in (prefix, *first["loc"]) if part != "") or "body"
+    return InvalidTask(f"{field}: {first['msg']}", field=field)
+
+
+def payload_json(payload: JsonValue) -> str:
+    """The payload as stored; raises InvalidTask when it is over the size limit."""
+    encoded = json.dumps(payload, separators=(",", ":"))
+    if len(encoded.encode()) > MAX_PAYLOAD_BYTES:
+        raise InvalidTask(f"payload: larger than {MAX_PAYLOAD_BYTES} bytes", field="payload")
+    return encoded
 
 
 def shard_of(task_id: str, shards: int) -> int:
@@ -48,26 +85,37 @@ def shard_of(task_id: str, shards: int) -> int:
     return int.from_bytes(hashlib.sha256(task_id.encode()).digest()[:4], "big") % shards
 
 
-def new_item(body: Any, owner: str, now_ms: int, config: Settings) -> dict[str, Any]:
-    """Validate a submission and build its PENDING item; raises InvalidTask naming the field."""
+def due_index_keys(task_id: str, due_ms: int, config: Settings) -> dict[str, Any]:
+    """The attributes that put a PENDING task in the finder's sparse due index."""
+    return {"gsi_pk": str(shard_of(task_id, config.shards)), "gsi_due_ms": due_ms}
+
+
+def new_item(
+    body: Any, owner: str, now_ms: int, config: Settings, base_ms: int | None = None
+) -> dict[str, Any]:
+    """Validate a submission and build its PENDING item; raises InvalidTask naming the field.
+
+    A `delay` counts from `base_ms` (an event's time), else from `now_ms`.
+    """
     try:
         submission = Submission.model_validate(body)
     except ValidationError as error:
-        raise _invalid(error) from None
+        raise invalid(error) from None
+    due_ms = submission.due_ms(base_ms if base_ms is not None else now_ms, now_ms, config)
     try:
         target = parse_target(submission.type, submission.target)
     except ValidationError as error:
-        raise _invalid(error, "target") from None
-    due_ms = clock.to_ms(submission.due_at)
-    if due_ms - now_ms > config.horizon_days * 86_400_000:
-        raise InvalidTask(f"due_at: more than {config.horizon_days} days ahead", field="due_at")
-    payload_json = json.dumps(submission.payload, separators=(",", ":"))
-    if len(payload_json.encode()) > MAX_PAYLOAD_BYTES:
-        raise InvalidTask(f"payload: larger than {MAX_PAYLOAD_BYTES} bytes", field="payload")
+        raise invalid(error, "target") from None
+    stored_payload = payload_json(submission.payload)
     target_json = target.model_dump_json()
     task_id = submission.id or uuid.uuid4().hex
+    # What the caller asked for (a delay, not the time it resolved to), so a retried
+    # request is recognised as the same one.
+    asked = [clock.to_ms(submission.due_at)] if submission.due_at else [str(submission.delay)]
     body_hash = hashlib.sha256(
-        json.dumps([owner, due_ms, submission.type, target_json, payload_json]).encode()
+        json.dumps(
+            [owner, *asked, submission.type, target_json, stored_payload, submission.max_attempts]
+        ).encode()
     ).hexdigest()
     return {
         "task_id": task_id,
@@ -77,27 +125,26 @@ def new_item(body: Any, owner: str, now_ms: int, config: Settings) -> dict[str, 
         "due_ms": due_ms,
         "task_type": submission.type.value,
         "target": target_json,
-        "payload": payload_json,
+        "payload": stored_payload,
+        "max_attempts": submission.max_attempts,
         "owner": owner,
         "body_hash": body_hash,
         "created_at": clock.to_iso(now_ms),
-        "gsi_pk": str(shard_of(task_id, config.shards)),
-        "gsi_due_ms": due_ms,
+        **due_index_keys(task_id, due_ms, config),
     }
 
 
-def submit_task(body: Any, owner: str, config: Settings | None = None) -> Submitted:
+def submit_task(
+    body: Any, owner: str, config: Settings | None = None, base_ms: int | None = None
+) -> Submitted:
     """Store a new task (or return the identical one already stored) and dispatch if due soon."""
     config = config or settings()
-    now = clock.now_ms()
-    item = new_item(body, owner, now, config)
+    item = new_item(body, owner, clock.now_ms(), config, base_ms)
     store = TaskStore(config.tasks_table)
     existing = store.create(item)
     if existing is not None:
         if existing.get("body_hash") != item["body_hash"]:
             raise TaskConflict(f"id: task {item['task_id']!r} exists with another body", "id")
         return Submitted(task_view(existing), created=False)
-    if item["due_ms"] <= now + config.lookahead_s * 1000:
-        dispatch(DueTask(item["due_ms"], item["task_id"], 1), config, store)
-        item = store.get(item["task_id"]) or item
+    item = dispatch_if_due_soon(item, config, store)
     return Submitted(task_view(item), created=True)

@@ -15,13 +15,15 @@ from tocsin.store import TaskStore
 from tocsin.submit import new_item
 
 
-def store_pending(receiver_url: str, count: int, due_in_ms: int, prefix: str) -> list[str]:
+def store_pending(
+    receiver_url: str, count: int, due_in_ms: int, prefix: str, **changes: object
+) -> list[str]:
     """PENDING tasks in the due index, not yet dispatched (as the finder finds them)."""
     now = clock.now_ms()
     store = TaskStore(settings().tasks_table)
     ids = [f"{prefix}-{i}" for i in range(count)]
     for i, task_id in enumerate(ids):
-        body = webhook_task(receiver_url, now + due_in_ms + i * 37, task_id)
+        body = webhook_task(receiver_url, now + due_in_ms + i * 37, task_id) | changes
         store.create(new_item(body, "alice", now, settings()))
     return ids
 
@@ -78,19 +80,24 @@ def dead_letters(runtime) -> list[dict]:
     return [json.loads(m["Body"]) for m in reply.get("Messages", [])]
 
 
-def test_transient_failure_is_retried_then_failed_to_the_dead_letter_queue(runtime, receiver):
+@pytest.mark.parametrize("max_attempts", [1, 3])
+def test_transient_failure_is_retried_up_to_max_attempts_then_failed_to_the_dlq(
+    runtime, receiver, max_attempts
+):
     receiver.status_for["/down"] = 503
-    ids = store_pending(f"{receiver.url}/down", 1, 500, "flaky")
+    ids = store_pending(f"{receiver.url}/down", 1, 500, "flaky", max_attempts=max_attempts)
     runtime.run_finder()
     item = wait_for_status(ids[0], {"FAILED"}, timeout_s=30)
 
-    attempts = len(receiver.received())
-    assert attempts == 3 * 4  # urllib3 tries 3 times per invocation; the machine invokes 4 times
+    # urllib3 tries 3 times per invocation; the machine invokes max_attempts times
+    assert len(receiver.received()) == 3 * max_attempts
+    assert item["attempts"] == max_attempts
     error = json.loads(item["error"])
-    assert error["Error"] == "TransientTargetError"
+    assert error["Error"] == "PermanentTargetError"
+    assert f"gave up after {max_attempts} attempts" in error["Cause"]
     [message] = dead_letters(runtime)
     assert message["state"]["task_id"] == ids[0]
-    assert message["state"]["error"]["Error"] == "TransientTargetError"
+    assert message["state"]["error"]["Error"] == "PermanentTargetError"
     assert message["state"]["claim"]["task"]["task_id"]["S"] == ids[0]
 
 
@@ -107,6 +114,12 @@ def test_permanent_failure_is_not_retried(runtime, receiver):
 def test_a_retry_after_success_does_not_act_again(runtime, receiver):
     """The executor's action is idempotent: a second invocation returns the first result."""
     ids = store_pending(receiver.url, 1, -1000, "retry")
+    boto3.resource("dynamodb").Table(settings().tasks_table).update_item(
+        Key={"task_id": ids[0]},
+        UpdateExpression="SET #s = :running",  # as the state machine's Claim leaves it
+        ExpressionAttributeNames={"#s": "status"},
+        ExpressionAttributeValues={":running": "RUNNING"},
+    )
     event = {
         "task_id": ids[0],
         "version": 1,
@@ -119,3 +132,4 @@ def test_a_retry_after_success_does_not_act_again(runtime, receiver):
     second = runtime.invoke("WebhookExecutorFunction", event)
     assert first == second
     assert len(receiver.received()) == 1
+    assert stored(ids[0])["attempts"] == 2  # both invocations count; only one acted

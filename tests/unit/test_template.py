@@ -6,7 +6,7 @@ from pathlib import Path
 
 from samtranslator.yaml_helper import yaml_parse
 
-from tocsin.model import TaskType
+from tocsin.model import MAX_ATTEMPTS_LIMIT, TaskType
 from tocsin.targets import TARGETS
 
 ROOT = Path(__file__).parents[2]
@@ -45,3 +45,11 @@ def test_claim_accepts_pending_and_scheduled_of_the_same_version_only():
     catches = ASL["States"]["Claim"]["Catch"]
     assert catches[0]["ErrorEquals"] == ["DynamoDB.ConditionalCheckFailedException"]
     assert ASL["States"][catches[0]["Next"]]["Type"] == "Succeed"
+
+
+def test_the_executor_retries_allow_the_largest_max_attempts():
+    for state in ASL["States"].values():
+        if state.get("Resource") == "arn:aws:states:::lambda:invoke":
+            [retry] = state["Retry"]
+            assert retry["MaxAttempts"] + 1 == MAX_ATTEMPTS_LIMIT
+            assert "TransientTargetError" in retry["ErrorEquals"]

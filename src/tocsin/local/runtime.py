@@ -12,7 +12,10 @@
 * DynamoDB requests and StartExecution are atomic on AWS; moto's are plain Python (a
   conditional update reads, copies and writes the item in steps), so they run under one
   lock here to behave the same way when threads race.
-* The finder runs on a ticker, with a shorter interval and look-ahead than on AWS.
+* moto's SQS-to-Lambda mapping runs inside SendMessage with fixed attributes; the runtime
+  polls the mapped queues itself, as Lambda does (see `tocsin.local.queues`).
+* The finder runs on a ticker, with a shorter interval and look-ahead than on AWS; its
+  schedule rule loses its target (moto would match it against every PutEvents event).
 """
 
 import copy
@@ -32,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from unittest import mock
+
+from tocsin.local.queues import QueueMapping, poll, take_over_mappings
 
 ACCOUNT_ID = "123456789012"
 REGION = "us-east-1"
@@ -56,7 +61,13 @@ PROCESS_ENVIRONMENT = {
     "POWERTOOLS_TRACE_DISABLED": "true",
 }
 
+QUEUE_POLL_INTERVAL_S = 0.2
+
 log = logging.getLogger(__name__)
+
+
+def _drop_unsupported_resources(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("No Moto CloudFormation support")
 
 
 def project_root() -> Path:
@@ -131,7 +142,8 @@ class EmbeddedRuntime:
         self.foreign_invocations: list[tuple[str, Any]] = []
         self._exits = ExitStack()
         self._stop = threading.Event()
-        self._ticker: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        self._queue_mappings: list[QueueMapping] = []
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -154,6 +166,11 @@ class EmbeddedRuntime:
         self._exits.enter_context(warnings.catch_warnings())
         warnings.filterwarnings("ignore", message="No application metrics to publish")
         warnings.filterwarnings("ignore", message="Tried to parse AWS::")
+        # moto has no CloudFormation for API Gateway v2 or queue policies: it skips them with a
+        # warning. The API's handler runs all the same (`tocsin serve`); IAM is not modelled.
+        moto_log = logging.getLogger("moto")
+        moto_log.addFilter(_drop_unsupported_resources)
+        self._exits.callback(moto_log.removeFilter, _drop_unsupported_resources)
         time.tzset()
         self._exits.callback(time.tzset)
 
@@ -169,14 +186,19 @@ class EmbeddedRuntime:
         self._install_functions(template, stack)
         self._create_state_machine(template, stack)
         self.outputs = {o["OutputKey"]: o["OutputValue"] for o in self._describe_outputs()}
+        by_arn = {function.arn: function.logical_id for function in self.functions.values()}
+        self._queue_mappings = take_over_mappings(by_arn)
+        self._unhook_schedule_rules()
         if self.finder_interval_s:
-            self._ticker = threading.Thread(target=self._tick, name="finder-ticker", daemon=True)
-            self._ticker.start()
+            for name, loop in (("finder-ticker", self._tick), ("queue-poller", self._poll)):
+                thread = threading.Thread(target=loop, name=name, daemon=True)
+                thread.start()
+                self._threads.append(thread)
 
     def stop(self) -> None:
         self._stop.set()
-        if self._ticker:
-            self._ticker.join()
+        for thread in self._threads:
+            thread.join()
         if self.outputs:
             self._stop_executions()
         self._exits.close()
@@ -200,6 +222,10 @@ class EmbeddedRuntime:
 
     def run_finder(self) -> Any:
         return self.invoke("FinderFunction", scheduled_event())
+
+    def poll_queues(self) -> int:
+        """One polling round over every queue a function is mapped to; messages handed over."""
+        return sum(poll(mapping, self.invoke) for mapping in self._queue_mappings)
 
     @property
     def state_machine_arn(self) -> str:
@@ -345,6 +371,18 @@ class EmbeddedRuntime:
 
     # -- moto seams --------------------------------------------------------------------------
 
+    @staticmethod
+    def _unhook_schedule_rules() -> None:
+        """moto matches every PutEvents event against schedule rules too, and cannot deliver
+        to their Lambda targets; the ticker plays the schedules here, so they lose targets."""
+        from tocsin import aws
+
+        events = aws.client("events")
+        for rule in events.list_rules()["Rules"]:
+            if rule.get("ScheduleExpression"):
+                targets = events.list_targets_by_rule(Rule=rule["Name"])["Targets"]
+                events.remove_targets(Rule=rule["Name"], Ids=[t["Id"] for t in targets])
+
     def _patch_backends(self) -> None:
         from moto.awslambda.models import LambdaBackend
         from moto.dynamodb.responses import DynamoHandler
@@ -438,6 +476,15 @@ class EmbeddedRuntime:
                 self.run_finder()
             except Exception:
                 log.exception("finder run failed")
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            try:
+                busy = self.poll_queues()
+            except Exception:
+                log.exception("queue poll failed")
+                busy = 0
+            self._stop.wait(0 if busy else QUEUE_POLL_INTERVAL_S)
 
     @staticmethod
     def _forget_process_caches() -> None:

@@ -1,0 +1,16 @@
+"""Submit queue consumer: schedules the tasks in a batch, parks refused messages with why."""
+
+from typing import Any
+
+from aws_lambda_powertools.utilities.batch import process_partial_response
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from tocsin.inbox import processor, submit_record
+from tocsin.observability import logger, metrics, tracer
+
+
+@logger.inject_lambda_context(clear_state=True)
+@tracer.capture_lambda_handler(capture_response=False)
+@metrics.log_metrics
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    return process_partial_response(event, submit_record, processor, context)

@@ -1,0 +1,241 @@
+"""`tocsin.Client`: typed calls to the task API, SigV4-signed, or to `tocsin serve` locally.
+
+    from tocsin import Client
+    tasks = Client("https://abc123.execute-api.eu-west-1.amazonaws.com")
+    task = tasks.submit(type="webhook", target={"url": "https://example.com/hook"}, delay=90)
+
+Credentials come from boto3's usual chain. With `principal=`, requests go unsigned and
+name the caller in `X-Tocsin-Principal`, which only `tocsin serve` honours.
+"""
+
+import json
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import quote, urlencode, urlsplit
+
+import urllib3
+from pydantic import BaseModel, ConfigDict
+
+_UNSET: Any = object()
+RETRY = urllib3.Retry(
+    total=3,
+    backoff_factor=0.5,
+    status_forcelist=(429, 502, 503, 504),
+    # Every call is safe to repeat: a submit carries its id, so a repeat is recognised.
+    allowed_methods=None,
+    raise_on_status=False,
+)
+
+
+class TaskFailure(BaseModel):
+    type: str
+    message: str
+
+
+class Task(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    status: str
+    version: int
+    due_at: datetime
+    type: str
+    target: dict[str, Any]
+    payload: Any = None
+    max_attempts: int
+    attempts: int
+    created_at: datetime
+    updated_at: datetime | None = None
+    fired_at: datetime | None = None
+    lateness_ms: int | None = None
+    result: Any = None
+    error: TaskFailure | None = None
+
+
+class TaskPage(BaseModel):
+    tasks: list[Task]
+    next: str | None = None
+
+
+class ApiError(Exception):
+    """The API refused a request; `field` names the input at fault, when there is one."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None):
+        super().__init__(f"{status} {code}: {message}")
+        self.status, self.code, self.message, self.field = status, code, message, field
+
+
+class InvalidRequest(ApiError):
+    """400: the body or query is not acceptable."""
+
+
+class NotAuthorized(ApiError):
+    """401 or 403: unsigned, wrongly signed, or not allowed by IAM."""
+
+
+class NotFound(ApiError):
+    """404: no such task for this caller."""
+
+
+class Conflict(ApiError):
+    """409: the id is taken by another body, or the task is past cancelling or rescheduling."""
+
+
+class Throttled(ApiError):
+    """429 after the client's own retries."""
+
+
+class ServerError(ApiError):
+    """5xx after the client's own retries."""
+
+
+def _error_class(status: int) -> type[ApiError]:
+    by_status = {400: InvalidRequest, 401: NotAuthorized, 403: NotAuthorized}
+    by_status |= {404: NotFound, 409: Conflict, 429: Throttled}
+    return by_status.get(status, ServerError if status >= 500 else ApiError)
+
+
+def _when(value: datetime | str) -> str:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+def _seconds(value: float | timedelta) -> float:
+    return value.total_seconds() if isinstance(value, timedelta) else value
+
+
+class Client:
+    def __init__(
+        self,
+        url: str,
+        *,
+        principal: str | None = None,
+        region: str | None = None,
+        session: Any = None,
+        timeout_s: float = 10.0,
+    ):
+        self.url = url.rstrip("/")
+        self.principal = principal
+        self._http = urllib3.PoolManager(retries=RETRY, timeout=timeout_s)
+        self._signer = None if principal else self._make_signer(region, session)
+
+    def _make_signer(self, region: str | None, session: Any) -> Any:
+        import boto3
+        from botocore.auth import SigV4Auth
+
+        session = session or boto3.Session()
+        host = urlsplit(self.url).hostname or ""
+        parts = host.split(".")
+        if region is None and len(parts) > 3 and parts[1] == "execute-api":
+            region = parts[2]
+        credentials = session.get_credentials()
+        if credentials is None:
+            raise NotAuthorized(401, "no_credentials", "no AWS credentials found to sign with")
+        return SigV4Auth(credentials, "execute-api", region or session.region_name)
+
+    # -- the endpoints ---------------------------------------------------------------------
+
+    def submit(
+        self,
+        *,
+        type: str,
+        target: dict[str, Any],
+        payload: Any = None,
+        due_at: datetime | str | None = None,
+        delay: float | timedelta | None = None,
+        id: str | None = None,
+        max_attempts: int | None = None,
+    ) -> Task:
+        """Schedule a task; without `id` one is made here, so a retried call cannot double it."""
+        body: dict[str, Any] = {"id": id or uuid.uuid4().hex, "type": type, "target": target}
+        body["payload"] = payload
+        if due_at is not None:
+            body["due_at"] = _when(due_at)
+        if delay is not None:
+            body["delay"] = _seconds(delay)
+        if max_attempts is not None:
+            body["max_attempts"] = max_attempts
+        return Task.model_validate(self._call("POST", "/tasks", body))
+
+    def get(self, task_id: str) -> Task:
+        return Task.model_validate(self._call("GET", f"/tasks/{quote(task_id, safe='')}"))
+
+    def list(
+        self,
+        *,
+        status: str | None = None,
+        due_before: datetime | str | None = None,
+        due_after: datetime | str | None = None,
+        limit: int | None = None,
+        next: str | None = None,
+    ) -> TaskPage:
+        """One page of the caller's tasks, earliest due first."""
+        query = {"status": status, "limit": limit, "next": next}
+        query |= {
+            "due_before": _when(due_before) if due_before is not None else None,
+            "due_after": _when(due_after) if due_after is not None else None,
+        }
+        present = {name: value for name, value in query.items() if value is not None}
+        target = "/tasks" + (f"?{urlencode(present)}" if present else "")
+        return TaskPage.model_validate(self._call("GET", target))
+
+    def iter_tasks(self, **filters: Any) -> Iterator[Task]:
+        """Every task matching `list`'s filters, page after page."""
+        page = self.list(**filters)
+        yield from page.tasks
+        while page.next:
+            page = self.list(**filters, next=page.next)
+            yield from page.tasks
+
+    def cancel(self, task_id: str) -> Task:
+        return Task.model_validate(self._call("DELETE", f"/tasks/{quote(task_id, safe='')}"))
+
+    def reschedule(
+        self,
+        task_id: str,
+        *,
+        due_at: datetime | str | None = None,
+        delay: float | timedelta | None = None,
+        payload: Any = _UNSET,
+    ) -> Task:
+        """Move a task not yet fired to a new time and/or payload (its version goes up)."""
+        body: dict[str, Any] = {}
+        if due_at is not None:
+            body["due_at"] = _when(due_at)
+        if delay is not None:
+            body["delay"] = _seconds(delay)
+        if payload is not _UNSET:
+            body["payload"] = payload
+        path = f"/tasks/{quote(task_id, safe='')}"
+        return Task.model_validate(self._call("PATCH", path, body))
+
+    # -- the wire --------------------------------------------------------------------------
+
+    def _call(self, method: str, target: str, body: Any = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        if self.principal:
+            headers["X-Tocsin-Principal"] = self.principal
+        url = self.url + target
+        if self._signer is not None:
+            from botocore.awsrequest import AWSRequest
+
+            request = AWSRequest(method=method, url=url, data=data, headers=headers)
+            self._signer.add_auth(request)
+            headers = dict(request.headers.items())
+        reply = self._http.request(method, url, body=data, headers=headers)
+        try:
+            decoded = json.loads(reply.data or b"null")
+        except ValueError:
+            decoded = None
+        if reply.status < 400:
+            return decoded
+        error = decoded.get("error") if isinstance(decoded, dict) else None
+        if not isinstance(error, dict):  # API Gateway's own replies: {"message": "..."}
+            message = decoded.get("message") if isinstance(decoded, dict) else None
+            message = message or reply.data.decode(errors="replace")
+            error = {"code": "http_error", "message": message}
+        raise _error_class(reply.status)(
+            reply.status, error.get("code", ""), error.get("message", ""), error.get("field")
+        )

@@ -1,0 +1,147 @@
+"""A task after submission: read it, list an owner's tasks, cancel it, reschedule it.
+
+Every operation is scoped to the caller: a task of another owner is reported as not found.
+Cancel and reschedule are conditional writes that succeed only while the task is unclaimed
+(PENDING or SCHEDULED), so racing the state machine's Claim gives exactly one winner.
+"""
+
+import base64
+import binascii
+import json
+import re
+from decimal import Decimal
+from typing import Any
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, ValidationError
+
+from tocsin import clock
+from tocsin.dispatch import dispatch_if_due_soon, stop_execution
+from tocsin.errors import InvalidTask, TaskConflict, TaskNotFound
+from tocsin.model import ID_PATTERN, TaskStatus, task_view
+from tocsin.settings import Settings
+from tocsin.store import OWNER_INDEX_KEY, TaskStore
+from tocsin.submit import Timing, due_index_keys, invalid, payload_json
+
+MAX_PAGE = 100
+
+
+class Listing(BaseModel):
+    """The query string of `GET /tasks`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: TaskStatus | None = None
+    due_before: AwareDatetime | None = None
+    due_after: AwareDatetime | None = None
+    limit: int = Field(default=50, ge=1, le=MAX_PAGE)
+    next: str | None = Field(default=None, max_length=2048)
+
+
+class Change(Timing):
+    """The body of `PATCH /tasks/{id}`: a new time (`due_at` or `delay`), a new payload, or both."""
+
+    payload: JsonValue = None
+
+
+def check_id(task_id: str) -> str:
+    if not re.fullmatch(ID_PATTERN, task_id):
+        raise InvalidTask("id: must match [A-Za-z0-9_-]{1,64}", field="id")
+    return task_id
+
+
+def _owned(store: TaskStore, task_id: str, owner: str) -> dict[str, Any]:
+    item = store.get(check_id(task_id))
+    if item is None or item.get("owner") != owner:
+        raise TaskNotFound(f"id: no task {task_id!r}", field="id")
+    return item
+
+
+def _unchangeable(store: TaskStore, task_id: str, owner: str, verb: str) -> TaskConflict:
+    """Why a conditional change failed: not found (raised), or a conflict naming the status."""
+    item = _owned(store, task_id, owner)
+    return TaskConflict(f"id: task {task_id!r} is {item['status']}, it cannot be {verb}", "id")
+
+
+def get_task(task_id: str, owner: str, config: Settings) -> dict[str, Any]:
+    return task_view(_owned(TaskStore(config.tasks_table), task_id, owner))
+
+
+def encode_page_key(key: dict[str, Any]) -> str:
+    plain = {name: int(v) if isinstance(v, Decimal) else v for name, v in key.items()}
+    return base64.urlsafe_b64encode(json.dumps(plain).encode()).decode()
+
+
+def decode_page_key(token: str, owner: str) -> dict[str, Any]:
+    """The resume key of a `next` token; a token made for another owner is refused."""
+    try:
+        key = json.loads(base64.urlsafe_b64decode(token.encode()))
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        key = None
+    if (
+        not isinstance(key, dict)
+        or set(key) != set(OWNER_INDEX_KEY)
+        or key["owner"] != owner
+        or not isinstance(key["task_id"], str)
+        or not isinstance(key["due_ms"], int)
+    ):
+        raise InvalidTask("next: not a token from a previous page of this listing", field="next")
+    return key
+
+
+def list_tasks(query: dict[str, str], owner: str, config: Settings) -> dict[str, Any]:
+    """One page of the owner's tasks, earliest due first; `next` fetches the following page."""
+    try:
+        listing = Listing.model_validate(query)
+    except ValidationError as error:
+        raise invalid(error) from None
+    after = clock.to_ms(listing.due_after) if listing.due_after else None
+    before = clock.to_ms(listing.due_before) if listing.due_before else None
+    if after is not None and before is not None and before - after < 2:
+        raise InvalidTask("due_before: must be later than due_after", field="due_before")
+    start = decode_page_key(listing.next, owner) if listing.next else None
+    items, last = TaskStore(config.tasks_table).owned(
+        owner, after, before, listing.status, listing.limit, start
+    )
+    return {
+        "tasks": [task_view(item) for item in items],
+        "next": encode_page_key(last) if last else None,
+    }
+
+
+def cancel_task(task_id: str, owner: str, config: Settings) -> dict[str, Any]:
+    """Cancel an unclaimed task, then stop its execution (best effort: its claim fails anyway)."""
+    store = TaskStore(config.tasks_table)
+    item = store.cancel(check_id(task_id), owner, clock.to_iso(clock.now_ms()))
+    if item is None:
+        raise _unchangeable(store, task_id, owner, "cancelled")
+    if "execution_arn" in item:
+        stop_execution(item["execution_arn"], "cancelled")
+    return task_view(item)
+
+
+def reschedule_task(task_id: str, body: Any, owner: str, config: Settings) -> dict[str, Any]:
+    """Move an unclaimed task to a new time and/or payload as its next version."""
+    try:
+        change = Change.model_validate(body)
+    except ValidationError as error:
+        raise invalid(error) from None
+    if not change.model_fields_set:
+        raise InvalidTask("body: give due_at, delay or payload", field="body")
+    store = TaskStore(config.tasks_table)
+    current = _owned(store, task_id, owner)
+    now = clock.now_ms()
+    changes: dict[str, Any] = {}
+    if change.due_at is not None or change.delay is not None:
+        due_ms = change.due_ms(now, now, config)
+        changes |= {"due_ms": due_ms, "due_at": clock.to_iso(due_ms)}
+    if "payload" in change.model_fields_set:
+        changes["payload"] = payload_json(change.payload)
+    due_ms = changes.get("due_ms", int(current["due_ms"]))
+    changes |= due_index_keys(task_id, due_ms, config)
+    version = int(current["version"])
+    item = store.reschedule(task_id, owner, version, changes, clock.to_iso(now))
+    if item is None:
+        raise _unchangeable(store, task_id, owner, "rescheduled")
+    if "execution_arn" in current:
+        stop_execution(current["execution_arn"], "rescheduled")
+    return task_view(dispatch_if_due_soon(item, config, store))

@@ -1,0 +1,33 @@
+"""How the CLI shows tasks to a person: one task as fields, a page as a table."""
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+_console = Console()
+
+
+def print_task(task: Any) -> None:
+    table = Table(show_header=False, box=None)
+    for name, value in task.model_dump(exclude_none=True).items():
+        table.add_row(f"[bold]{name}[/]", str(value))
+    _console.print(table)
+
+
+def print_page(page: Any) -> None:
+    table = Table("id", "status", "v", "due_at", "type", "lateness ms", "attempts")
+    for task in page.tasks:
+        lateness = "" if task.lateness_ms is None else str(task.lateness_ms)
+        table.add_row(
+            task.id,
+            task.status,
+            str(task.version),
+            task.due_at.isoformat(timespec="milliseconds"),
+            task.type,
+            lateness,
+            f"{task.attempts}/{task.max_attempts}",
+        )
+    _console.print(table)
+    if page.next:
+        _console.print(f"more: --next {page.next}")

@@ -1,0 +1,183 @@
+"""The Python client, the CLI and the README's examples against `tocsin serve`, over HTTP."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_for_status, webhook_task
+from tocsin import Client, clock
+from tocsin.cli import main
+from tocsin.client import Conflict, InvalidRequest, NotFound
+from tocsin.local.server import serving
+
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.fixture
+def api_url(runtime) -> Iterator[str]:
+    with serving(runtime) as url:
+        yield url
+
+
+def test_client_covers_every_endpoint(api_url):
+    alice = Client(api_url, principal="alice")
+    task = alice.submit(
+        type="sns",
+        target={"topic_arn": "arn:aws:sns:us-east-1:123456789012:alerts"},
+        payload={"n": 1},
+        delay=3600,
+        max_attempts=2,
+    )
+    assert task.status == "PENDING" and task.max_attempts == 2 and len(task.id) == 32
+    assert alice.get(task.id) == task
+    moved = alice.reschedule(task.id, delay=7200, payload={"n": 2})
+    assert moved.version == 2 and moved.payload == {"n": 2} and moved.due_at > task.due_at
+    others = [alice.submit(type="sns", target=task.target, delay=60 * i) for i in range(1, 4)]
+    assert [t.id for t in alice.iter_tasks(limit=2)] == [t.id for t in others] + [task.id]
+    assert alice.cancel(task.id).status == "CANCELLED"
+    assert [t.id for t in alice.list(status="CANCELLED").tasks] == [task.id]
+
+
+def test_client_raises_typed_errors_naming_the_field(api_url):
+    alice, bob = Client(api_url, principal="alice"), Client(api_url, principal="bob")
+    task = alice.submit(
+        id="mine",
+        type="sns",
+        target={"topic_arn": "arn:aws:sns:us-east-1:123456789012:t"},
+        delay=60,
+    )
+    with pytest.raises(NotFound):
+        bob.get(task.id)
+    with pytest.raises(Conflict) as conflict:
+        alice.submit(id="mine", type="sns", target=task.target, delay=120)
+    assert conflict.value.field == "id"
+    with pytest.raises(InvalidRequest) as invalid:
+        alice.submit(type="webhook", target={"url": "https://192.168.1.1/"}, delay=60)
+    assert invalid.value.status == 400 and invalid.value.field == "target.url"
+
+
+def test_a_task_submitted_by_the_client_fires_and_reports_how_late(runtime, api_url, receiver):
+    alice = Client(api_url, principal="alice")
+    due = clock.now_ms() + 2500
+    body = webhook_task(receiver.url, due, "fired-by-client")
+    alice.submit(**{k: v for k, v in body.items() if k != "due_at"}, due_at=body["due_at"])
+    wait_for_status("fired-by-client", {"SUCCEEDED"})
+    task = alice.get("fired-by-client")
+    assert task.status == "SUCCEEDED" and task.attempts == 1
+    assert task.fired_at >= task.due_at and task.lateness_ms >= 0
+    assert [a.task_id for a in receiver.received()] == ["fired-by-client"]
+
+
+def test_without_a_principal_requests_are_signed_with_sigv4(monkeypatch):
+    """The deployed API needs SigV4 for execute-api; the client signs with boto3's credentials."""
+    seen: list[dict[str, str]] = []
+
+    class Recorder(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(dict(self.headers.items()))
+            body = json.dumps({"tasks": [], "next": None}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        Client(url, region="eu-west-1").list(status="PENDING")
+    finally:
+        server.shutdown()
+        server.server_close()
+    [headers] = seen
+    assert re.match(
+        r"AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/\d{8}/eu-west-1/execute-api/aws4_request, "
+        r"SignedHeaders=[a-z0-9;-]*host[a-z0-9;-]*, Signature=[0-9a-f]{64}$",
+        headers["Authorization"],
+    )
+    assert "X-Tocsin-Principal" not in headers
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_cli_commands_print_for_people_and_for_scripts(api_url, capsys):
+    common = ["--url", api_url, "--principal", "alice"]
+    target = json.dumps({"topic_arn": "arn:aws:sns:us-east-1:123456789012:alerts"})
+    code, out, _ = run_cli(
+        capsys, "submit", *common, "--type", "sns", "--target", target, "--at", "+2h",
+        "--id", "cli-1", "--payload", '{"n": 1}', "--json",
+    )  # fmt: skip
+    task = json.loads(out.splitlines()[-1])
+    assert code == 0 and task["id"] == "cli-1" and task["status"] == "PENDING"
+
+    code, out, _ = run_cli(capsys, "get", "cli-1", *common)
+    assert code == 0 and "cli-1" in out and "PENDING" in out
+    code, out, _ = run_cli(capsys, "reschedule", "cli-1", *common, "--at", "+90m", "--json")
+    assert code == 0 and json.loads(out)["version"] == 2
+    code, out, _ = run_cli(capsys, "list", *common)
+    assert code == 0 and "cli-1" in out
+    code, out, _ = run_cli(capsys, "cancel", "cli-1", *common, "--json")
+    assert code == 0 and json.loads(out)["status"] == "CANCELLED"
+
+    code, _, err = run_cli(capsys, "cancel", "cli-1", *common)
+    assert code == 1 and "409" in err and "CANCELLED" in err
+    code, _, err = run_cli(capsys, "get", "cli-1", "--url", api_url, "--principal", "bob")
+    assert code == 1 and "404" in err
+    code, _, err = run_cli(
+        capsys, "submit", *common, "--type", "sns", "--target", "{}", "--at", "+1m"
+    )
+    assert code == 1 and "field: target.topic_arn" in err
+
+
+def test_cli_refuses_a_time_without_a_zone():
+    with pytest.raises(SystemExit) as refused:
+        main(["submit", "--type", "sns", "--target", "{}", "--at", "2027-01-01T10:00:00"])
+    assert refused.value.code == 2
+
+
+def readme_example(language: str) -> str:
+    """The README block that follows `<!-- example:<language> -->`."""
+    text = (ROOT / "README.md").read_text()
+    match = re.search(rf"<!-- example:{language} -->\s*```\w+\n(.*?)```", text, re.S)
+    assert match, f"README has no {language} example"
+    return match[1]
+
+
+def test_readme_curl_example_runs(runtime, api_url):
+    env = {**os.environ, "TOCSIN_URL": api_url}
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", readme_example("curl")],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    replies = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    assert [r.get("status") for r in replies[:2]] == ["PENDING", "PENDING"]
+    assert replies[-1]["status"] == "CANCELLED" and replies[-1]["version"] == 2
+
+
+def test_readme_python_example_runs(runtime, api_url):
+    env = {**os.environ, "TOCSIN_URL": api_url}
+    done = subprocess.run(
+        [sys.executable, "-c", readme_example("python")],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "CANCELLED" in done.stdout

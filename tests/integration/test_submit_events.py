@@ -1,0 +1,130 @@
+"""Submitting through the submit queue and the EventBridge rule, with partial batch failures."""
+
+import json
+from pathlib import Path
+
+import boto3
+from botocore.exceptions import EndpointConnectionError
+
+from tests.conftest import stored
+from tocsin import aws, clock
+from tocsin.local.runtime import ACCOUNT_ID
+
+EVENTS = Path(__file__).parents[2] / "events"
+DAY_MS = 86_400_000
+
+
+def submission(task_id: str, **changes: object) -> dict:
+    return {
+        "id": task_id,
+        "delay": "P1D",
+        "type": "webhook",
+        "target": {"url": "https://hooks.example.com/welcome"},
+        "payload": {"user": task_id},
+        **changes,
+    }
+
+
+def parked(runtime) -> list[dict]:
+    """Messages on the submit dead-letter queue, with their error attributes."""
+    reply = boto3.client("sqs").receive_message(
+        QueueUrl=runtime.outputs["SubmitDeadLetterQueueUrl"],
+        MaxNumberOfMessages=10,
+        MessageAttributeNames=["All"],
+    )
+    return reply.get("Messages", [])
+
+
+def test_sample_queue_event_schedules_the_good_and_parks_the_bad(runtime):
+    event = json.loads((EVENTS / "submit_sqs.json").read_text())
+    reply = runtime.invoke("SubmitFunction", event)
+    assert reply == {"batchItemFailures": []}
+    task = stored("sample-queued")
+    sent_ms = int(event["Records"][0]["attributes"]["SentTimestamp"])
+    assert int(task["due_ms"]) == sent_ms + DAY_MS  # the delay counts from the send
+    assert task["owner"] == "AIDASAMPLEUSER0000001"
+    [message] = parked(runtime)
+    assert json.loads(message["Body"])["id"] == "sample-refused"
+    attributes = message["MessageAttributes"]
+    assert attributes["error_field"]["StringValue"] == "type"
+    assert "type" in attributes["error"]["StringValue"]
+
+
+def test_sample_eventbridge_event_schedules_from_the_event_time(runtime):
+    event = json.loads((EVENTS / "submit_eventbridge.json").read_text())
+    assert runtime.invoke("SubmitFunction", event) == {"batchItemFailures": []}
+    task = stored("sample-event")
+    assert task["due_at"] == "2026-11-24T10:00:00.000Z"  # event time + P1D
+    assert task["owner"] == f"events:{ACCOUNT_ID}"
+
+
+def test_messages_sent_to_the_queue_are_scheduled(runtime):
+    sqs = boto3.client("sqs")
+    before = clock.now_ms()
+    for i in range(3):
+        sqs.send_message(
+            QueueUrl=runtime.outputs["SubmitQueueUrl"],
+            MessageBody=json.dumps(submission(f"q-{i}", delay=60 * (i + 1))),
+        )
+    sqs.send_message(QueueUrl=runtime.outputs["SubmitQueueUrl"], MessageBody="not json")
+    while runtime.poll_queues():
+        pass
+    for i in range(3):
+        task = stored(f"q-{i}")
+        assert task["status"] == "PENDING"
+        assert (
+            before + 60_000 * (i + 1) - 1000
+            <= int(task["due_ms"])
+            <= clock.now_ms() + 60_000 * (i + 1)
+        )
+    [message] = parked(runtime)
+    assert message["Body"] == "not json"
+    assert message["MessageAttributes"]["error_field"]["StringValue"] == "body"
+
+
+def test_events_with_detail_type_tocsin_submit_are_scheduled(runtime):
+    boto3.client("events").put_events(
+        Entries=[
+            {
+                "Source": "com.example.signup",
+                "DetailType": "tocsin.submit",
+                "Detail": json.dumps(submission("from-event", delay="PT1H")),
+            },
+            {
+                "Source": "com.example.signup",
+                "DetailType": "something.else",
+                "Detail": json.dumps(submission("not-for-us")),
+            },
+        ]
+    )
+    assert runtime.poll_queues() == 1
+    task = stored("from-event")
+    assert task["owner"] == f"events:{ACCOUNT_ID}" and task["status"] == "PENDING"
+
+
+def test_a_failure_that_may_pass_is_reported_and_the_message_comes_back(runtime):
+    """Only the message whose write failed is reported to Lambda; the rest are scheduled."""
+    sqs = boto3.client("sqs")
+    queue = runtime.outputs["SubmitQueueUrl"]
+    sqs.set_queue_attributes(QueueUrl=queue, Attributes={"VisibilityTimeout": "0"})
+    for i in range(3):
+        sqs.send_message(QueueUrl=queue, MessageBody=json.dumps(submission(f"b-{i}")))
+    client = aws.resource("dynamodb").meta.client
+    failures = []
+
+    def outage(params, **_):
+        if params["Item"]["task_id"] == "b-1" and not failures:
+            failures.append(params["Item"]["task_id"])
+            raise EndpointConnectionError(endpoint_url="https://dynamodb")
+
+    client.meta.events.register("before-parameter-build.dynamodb.PutItem", outage)
+    try:
+        assert runtime.poll_queues() == 3
+    finally:
+        client.meta.events.unregister("before-parameter-build.dynamodb.PutItem", outage)
+    assert failures == ["b-1"]
+    assert {stored(f"b-{i}")["status"] for i in (0, 2)} == {"PENDING"}
+    while runtime.poll_queues():  # b-1 is visible again and goes through
+        pass
+    assert stored("b-1")["status"] == "PENDING"
+    assert parked(runtime) == []
