@@ -63,11 +63,14 @@ def _asl(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     """The task API on 127.0.0.1 over the embedded runtime, until Ctrl-C."""
+    import logging
     import threading
 
     from tocsin.local.runtime import EmbeddedRuntime
     from tocsin.local.server import serving
 
+    # A failed task shows as FAILED, with its error, in the API: not as moto's traceback.
+    logging.getLogger("moto.stepfunctions").setLevel(logging.CRITICAL)
     parameters = {"LookAheadSeconds": str(args.lookahead)}
     runtime = EmbeddedRuntime(parameters, finder_interval_s=args.finder_interval)
     with runtime, serving(runtime, args.port) as url:

@@ -101,8 +101,14 @@ def _when(value: datetime | str) -> str:
     return value.isoformat() if isinstance(value, datetime) else value
 
 
-def _seconds(value: float | timedelta) -> float:
-    return value.total_seconds() if isinstance(value, timedelta) else value
+def _timing(due_at: datetime | str | None, delay: float | timedelta | None) -> dict[str, Any]:
+    """The time fields of a body: `due_at` as ISO-8601, `delay` in seconds, when given."""
+    timing: dict[str, Any] = {}
+    if due_at is not None:
+        timing["due_at"] = _when(due_at)
+    if delay is not None:
+        timing["delay"] = delay.total_seconds() if isinstance(delay, timedelta) else delay
+    return timing
 
 
 class Client:
@@ -149,11 +155,7 @@ class Client:
     ) -> Task:
         """Schedule a task; without `id` one is made here, so a retried call cannot double it."""
         body: dict[str, Any] = {"id": id or uuid.uuid4().hex, "type": type, "target": target}
-        body["payload"] = payload
-        if due_at is not None:
-            body["due_at"] = _when(due_at)
-        if delay is not None:
-            body["delay"] = _seconds(delay)
+        body |= {"payload": payload, **_timing(due_at, delay)}
         if max_attempts is not None:
             body["max_attempts"] = max_attempts
         return Task.model_validate(self._call("POST", "/tasks", body))
@@ -200,11 +202,7 @@ class Client:
         payload: Any = _UNSET,
     ) -> Task:
         """Move a task not yet fired to a new time and/or payload (its version goes up)."""
-        body: dict[str, Any] = {}
-        if due_at is not None:
-            body["due_at"] = _when(due_at)
-        if delay is not None:
-            body["delay"] = _seconds(delay)
+        body = _timing(due_at, delay)
         if payload is not _UNSET:
             body["payload"] = payload
         path = f"/tasks/{quote(task_id, safe='')}"

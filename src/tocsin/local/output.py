@@ -10,7 +10,7 @@ _console = Console()
 
 def print_task(task: Any) -> None:
     table = Table(show_header=False, box=None)
-    for name, value in task.model_dump(exclude_none=True).items():
+    for name, value in task.model_dump(mode="json", exclude_none=True).items():
         table.add_row(f"[bold]{name}[/]", str(value))
     _console.print(table)
 
@@ -23,7 +23,7 @@ def print_page(page: Any) -> None:
             task.id,
             task.status,
             str(task.version),
-            task.due_at.isoformat(timespec="milliseconds"),
+            task.due_at.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             task.type,
             lateness,
             f"{task.attempts}/{task.max_attempts}",

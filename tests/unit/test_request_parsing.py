@@ -1,0 +1,39 @@
+"""Parsing what callers type: `--at`, principals, page tokens."""
+
+import argparse
+
+import pytest
+
+from tocsin.cli import when
+from tocsin.errors import InvalidTask
+from tocsin.lifecycle import decode_page_key, encode_page_key
+from tocsin.model import owner_id
+
+
+@pytest.mark.parametrize(
+    ("text", "delay"), [("+90s", 90), ("+1500ms", 1.5), ("+2h", 7200), ("+1d", 86400)]
+)
+def test_relative_times_become_delays(text, delay):
+    assert when(text) == {"delay": delay}
+
+
+def test_absolute_times_need_a_zone():
+    assert when("2027-01-15T08:00:00.250Z")["due_at"].utcoffset().total_seconds() == 0
+    for text in ("2027-01-15T08:00:00", "in an hour", "+5 minutes"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            when(text)
+
+
+def test_a_role_is_one_owner_across_its_sessions():
+    assert owner_id("AROAEXAMPLE:session-1") == owner_id("AROAEXAMPLE:i-0abc") == "AROAEXAMPLE"
+    assert owner_id("AIDAUSER") == "AIDAUSER"
+
+
+def test_page_tokens_round_trip_for_their_owner_only():
+    key = {"task_id": "t-1", "owner": "alice", "due_ms": 1_800_000_000_000}
+    token = encode_page_key(key)
+    assert decode_page_key(token, "alice") == key
+    for bad_token, owner in ((token, "bob"), ("!!", "alice"), (encode_page_key({"a": 1}), "alice")):
+        with pytest.raises(InvalidTask) as refused:
+            decode_page_key(bad_token, owner)
+        assert refused.value.field == "next"
