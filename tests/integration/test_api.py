@@ -305,3 +305,13 @@ def test_reschedule_fires_the_new_version_at_the_new_time_only(runtime, receiver
     assert runtime.wait_for_executions(10)
     statuses = {e.name: e.status for e in runtime.executions()}
     assert statuses["r-1-v2"] == "SUCCEEDED" and statuses["r-1-v1"] in {"ABORTED", "SUCCEEDED"}
+
+
+def test_the_principal_header_is_ignored_when_iam_names_the_caller(runtime):
+    """Only `tocsin serve` turns X-Tocsin-Principal into the caller; the handler never reads it."""
+    event = api_event(
+        "POST", "/tasks", json.dumps(sns_task()), "alice", {"X-Tocsin-Principal": "bob"}
+    )
+    assert runtime.invoke("ApiFunction", event)["statusCode"] == 201
+    assert call(runtime, "GET", "/tasks/t-1", principal="alice")[0] == 200
+    assert call(runtime, "GET", "/tasks/t-1", principal="bob")[0] == 404
