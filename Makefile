@@ -10,7 +10,7 @@ TASKS  ?= 200
 
 tool_pins = $(shell $(PYTHON) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml","rb"))["tool"]["tocsin"]["tools"]["$(1)"]))')
 
-.PHONY: demo test lint format unit validate sam-validate sam-build cfn-lint statelint clean
+.PHONY: demo test lint format unit validate sam-validate sam-build cfn-lint statelint checkov clean
 
 demo: $(VENV)/.installed
 	$(BIN)/tocsin demo --tasks $(TASKS)
@@ -28,7 +28,7 @@ format: $(VENV)/.installed
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-validate: sam-validate sam-build cfn-lint statelint
+validate: sam-validate sam-build cfn-lint statelint checkov
 
 sam-validate: $(SAMENV)/.installed
 	$(SAMENV)/bin/sam validate --lint --region $(REGION)
@@ -38,6 +38,9 @@ sam-build: $(SAMENV)/.installed
 
 cfn-lint: $(VENV)/.installed
 	$(BIN)/cfn-lint template.yaml
+
+checkov: $(CHKENV)/.installed
+	$(CHKENV)/bin/checkov -f template.yaml --framework cloudformation --compact --quiet
 
 statelint: $(VENV)/.installed $(CHKENV)/.installed
 	mkdir -p .build

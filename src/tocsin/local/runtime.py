@@ -181,8 +181,8 @@ class EmbeddedRuntime:
         )
         self._patch_backends()
         self._forget_process_caches()
-        template = self._translated_template()
-        stack = self._create_stack(template)
+        template, self._code_dirs = translate(self.root / "template.yaml", self.parameters)
+        stack, self._substitutions = create_stack(template, self.parameters)
         self._install_functions(template, stack)
         self._create_state_machine(template, stack)
         self.outputs = {o["OutputKey"]: o["OutputValue"] for o in self._describe_outputs()}
@@ -254,64 +254,6 @@ class EmbeddedRuntime:
         return False
 
     # -- building the stack ----------------------------------------------------------------
-
-    def _translated_template(self) -> dict[str, Any]:
-        import boto3
-        from samtranslator.public.translator import ManagedPolicyLoader
-        from samtranslator.translator.transform import transform
-        from samtranslator.yaml_helper import yaml_parse
-
-        template = yaml_parse((self.root / "template.yaml").read_text())
-        self._code_dirs: dict[str, Path] = {}
-        artifact = f"s3://{ARTIFACT_BUCKET}/{ARTIFACT_KEY}"
-        for logical_id, resource in template["Resources"].items():
-            properties = resource.get("Properties", {})
-            if resource["Type"] == "AWS::Serverless::Function":
-                self._code_dirs[logical_id] = self.root / properties["CodeUri"]
-                properties["CodeUri"] = artifact
-            elif resource["Type"] == "AWS::Serverless::LayerVersion":
-                properties["ContentUri"] = artifact
-            elif resource["Type"] == "AWS::Serverless::StateMachine":
-                definition = (self.root / properties.pop("DefinitionUri")).read_text()
-                properties["Definition"] = json.loads(definition)
-        loader = ManagedPolicyLoader(boto3.client("iam"))
-        return self._create_secrets(transform(template, dict(self.parameters), loader))
-
-    @staticmethod
-    def _create_secrets(template: dict[str, Any]) -> dict[str, Any]:
-        """moto's CloudFormation skips secrets: create them here and put their ARNs in place."""
-        import boto3
-
-        client = boto3.client("secretsmanager")
-        arns = {}
-        for logical_id, resource in list(template["Resources"].items()):
-            if resource["Type"] == "AWS::SecretsManager::Secret":
-                del template["Resources"][logical_id]
-                arns[logical_id] = client.create_secret(
-                    Name=f"{STACK_NAME}-{logical_id}", SecretString=secrets.token_urlsafe(36)
-                )["ARN"]
-        return _replace_refs(template, arns)
-
-    def _create_stack(self, template: dict[str, Any]) -> Any:
-        import boto3
-        from moto.cloudformation.models import cloudformation_backends
-
-        s3 = boto3.client("s3")
-        s3.create_bucket(Bucket=ARTIFACT_BUCKET)
-        s3.put_object(Bucket=ARTIFACT_BUCKET, Key=ARTIFACT_KEY, Body=_empty_zip())
-        for resource in template["Resources"].values():
-            if resource["Type"] == "AWS::StepFunctions::StateMachine":
-                # moto ignores DefinitionSubstitutions; they are applied after creation.
-                self._substitutions = resource["Properties"].pop("DefinitionSubstitutions", {})
-        boto3.client("cloudformation").create_stack(
-            StackName=STACK_NAME,
-            TemplateBody=json.dumps(template),
-            Parameters=[
-                {"ParameterKey": k, "ParameterValue": v} for k, v in self.parameters.items()
-            ],
-            Capabilities=["CAPABILITY_IAM", "CAPABILITY_AUTO_EXPAND"],
-        )
-        return cloudformation_backends[ACCOUNT_ID][REGION].get_stack(STACK_NAME)
 
     def _describe_outputs(self) -> list[dict[str, str]]:
         import boto3
@@ -493,6 +435,74 @@ class EmbeddedRuntime:
 
         settings.cache_clear()
         aws.forget_clients()
+
+
+def translate(
+    template_path: Path, parameters: dict[str, str]
+) -> tuple[dict[str, Any], dict[str, Path]]:
+    """A SAM template (ours, or the one `sam build` writes) as CloudFormation moto can create,
+    and the code folder of each function. Code and layer point at one placeholder artifact;
+    the state machine's definition is inlined."""
+    import boto3
+    from samtranslator.public.translator import ManagedPolicyLoader
+    from samtranslator.translator.transform import transform
+    from samtranslator.yaml_helper import yaml_parse
+
+    base = template_path.parent
+    template = yaml_parse(template_path.read_text())
+    code_dirs: dict[str, Path] = {}
+    artifact = f"s3://{ARTIFACT_BUCKET}/{ARTIFACT_KEY}"
+    for logical_id, resource in template["Resources"].items():
+        properties = resource.get("Properties", {})
+        if resource["Type"] == "AWS::Serverless::Function":
+            code_dirs[logical_id] = (base / properties["CodeUri"]).resolve()
+            properties["CodeUri"] = artifact
+        elif resource["Type"] == "AWS::Serverless::LayerVersion":
+            properties["ContentUri"] = artifact
+        elif resource["Type"] == "AWS::Serverless::StateMachine":
+            definition = (base / properties.pop("DefinitionUri")).read_text()
+            properties["Definition"] = json.loads(definition)
+    loader = ManagedPolicyLoader(boto3.client("iam"))
+    return _create_secrets(transform(template, dict(parameters), loader)), code_dirs
+
+
+def _create_secrets(template: dict[str, Any]) -> dict[str, Any]:
+    """moto's CloudFormation skips secrets: create them here and put their ARNs in place."""
+    import boto3
+
+    client = boto3.client("secretsmanager")
+    arns = {}
+    for logical_id, resource in list(template["Resources"].items()):
+        if resource["Type"] == "AWS::SecretsManager::Secret":
+            del template["Resources"][logical_id]
+            arns[logical_id] = client.create_secret(
+                Name=f"{STACK_NAME}-{logical_id}", SecretString=secrets.token_urlsafe(36)
+            )["ARN"]
+    return _replace_refs(template, arns)
+
+
+def create_stack(
+    template: dict[str, Any], parameters: dict[str, str]
+) -> tuple[Any, dict[str, Any]]:
+    """Create the translated template as a moto stack; the stack, and the state machine's
+    DefinitionSubstitutions (which moto ignores: the runtime applies them itself)."""
+    import boto3
+    from moto.cloudformation.models import cloudformation_backends
+
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket=ARTIFACT_BUCKET)
+    s3.put_object(Bucket=ARTIFACT_BUCKET, Key=ARTIFACT_KEY, Body=_empty_zip())
+    substitutions: dict[str, Any] = {}
+    for resource in template["Resources"].values():
+        if resource["Type"] == "AWS::StepFunctions::StateMachine":
+            substitutions = resource["Properties"].pop("DefinitionSubstitutions", {})
+    boto3.client("cloudformation").create_stack(
+        StackName=STACK_NAME,
+        TemplateBody=json.dumps(template),
+        Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in parameters.items()],
+        Capabilities=["CAPABILITY_IAM", "CAPABILITY_AUTO_EXPAND"],
+    )
+    return cloudformation_backends[ACCOUNT_ID][REGION].get_stack(STACK_NAME), substitutions
 
 
 def scheduled_event() -> dict[str, Any]:
