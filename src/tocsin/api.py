@@ -47,7 +47,7 @@ def _body() -> Any:
 def submit() -> Response[Any]:
     submitted = submit_task(_body(), _caller(), settings())
     status = HTTPStatus.CREATED if submitted.created else HTTPStatus.OK
-    logger.info("submitted", task_id=submitted.task["id"], created=submitted.created)
+    logger.info("submitted", task_id=submitted.task["id"], new=submitted.created)
     return _reply(status, submitted.task)
 
 

@@ -74,4 +74,4 @@ def submit_record(record: SQSRecord) -> None:
     except TaskError as error:
         _reject(record, error)
         return
-    logger.info("submitted", task_id=submitted.task["id"], created=submitted.created)
+    logger.info("submitted", task_id=submitted.task["id"], new=submitted.created)

@@ -1,0 +1,56 @@
+"""Logs carry task ids and outcomes, never payloads, targets' secrets or the signing key.
+
+The handlers run in a child process, so their log lines reach its stdout untouched.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+PAYLOAD_MARK = "card-4111-1111-1111-1111"
+HEADER_MARK = "Bearer-token-do-not-log"
+SCRIPT = """
+import json, sys
+import boto3
+from tests.conftest import wait_for_status, webhook_task
+from tocsin import clock
+from tocsin.local.receiver import WebhookReceiver
+from tocsin.local.runtime import EmbeddedRuntime
+from tocsin.local.server import api_event
+from tocsin.settings import settings
+
+level, payload_mark, header_mark = sys.argv[1:4]
+with WebhookReceiver() as receiver, EmbeddedRuntime({"LogLevel": level}, None) as runtime:
+    task = webhook_task(receiver.url, clock.now_ms() + 1500, "logged", {"card": payload_mark})
+    task["target"]["headers"] = {"Authorization": header_mark}
+    reply = runtime.invoke("ApiFunction", api_event("POST", "/tasks", json.dumps(task)))
+    assert reply["statusCode"] == 201, reply
+    wait_for_status("logged", {"SUCCEEDED"})
+    refused = dict(task, id="refused", type="pigeon")
+    reply = runtime.invoke("ApiFunction", api_event("POST", "/tasks", json.dumps(refused)))
+    assert reply["statusCode"] == 400, reply
+    secret = boto3.client("secretsmanager").get_secret_value(
+        SecretId=settings().webhook_secret_arn
+    )["SecretString"]
+    print("SECRET=" + secret, file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("level", ["INFO", "DEBUG"])
+def test_a_fired_task_logs_its_id_but_not_its_payload_or_secrets(level):
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, level, PAYLOAD_MARK, HEADER_MARK],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    secret = done.stderr.rsplit("SECRET=", 1)[1].strip()
+    logs = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    messages = {(entry["message"], entry.get("task_id")) for entry in logs}
+    assert {("submitted", "logged"), ("fired", "logged")} <= messages
+    assert ("refused", None) in messages
+    everything = done.stdout + done.stderr.rsplit("SECRET=", 1)[0]
+    assert PAYLOAD_MARK not in everything
+    assert HEADER_MARK not in everything
+    assert secret not in everything
