@@ -1,7 +1,9 @@
 """A task fires once, never early, by the path its due time calls for."""
 
 import json
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import boto3
 import pytest
@@ -92,3 +94,32 @@ def stored_view(task_id):
     from tocsin.model import task_view
 
     return task_view(stored(task_id))
+
+
+def test_a_webhook_redirect_is_not_followed(runtime):
+    """A 3xx could point at an internal address: it fails the task instead of being followed."""
+    hits: list[str] = []
+
+    class Redirector(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            hits.append(self.path)
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(307)
+            self.send_header("Location", f"http://127.0.0.1:{self.server.server_address[1]}/in")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Redirector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+        submit_task(webhook_task(url, clock.now_ms() + 1000, "redirected"), owner="alice")
+        item = wait_for_status("redirected", {"FAILED"})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert hits == ["/hook"]
+    assert "307" in json.loads(item["error"])["Cause"]
