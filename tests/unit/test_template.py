@@ -53,3 +53,22 @@ def test_the_executor_retries_allow_the_largest_max_attempts():
             [retry] = state["Retry"]
             assert retry["MaxAttempts"] + 1 == MAX_ATTEMPTS_LIMIT
             assert "TransientTargetError" in retry["ErrorEquals"]
+
+
+def test_the_step_functions_local_mocks_name_real_task_states():
+    mocks = json.loads((ROOT / "statemachines" / "test" / "MockConfigFile.json").read_text())
+    [machine] = mocks["StateMachines"].values()
+    assert set(machine["TestCases"]) == {
+        "ClaimWon",
+        "ClaimLost",
+        "RetryThenSuccess",
+        "FailureToDeadLetterQueue",
+    }
+    for case in machine["TestCases"].values():
+        for state, response in case.items():
+            assert ASL["States"][state]["Type"] == "Task", state
+            assert response in mocks["MockedResponses"], response
+    claimed = mocks["MockedResponses"]["ClaimedWebhook"]["0"]["Return"]["Attributes"]
+    assert claimed["task_type"]["S"] in {
+        c["StringEquals"] for c in ASL["States"]["Route"]["Choices"]
+    }

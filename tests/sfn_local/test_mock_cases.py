@@ -1,0 +1,117 @@
+"""The task machine on Step Functions Local with mocked integrations (docker-compose.yml).
+
+Run with `docker compose up -d` and `SFN_LOCAL_ENDPOINT=http://localhost:8083`; skipped
+otherwise. The mock file's consistency with the ASL is checked in tests/unit either way.
+"""
+
+import json
+import os
+import re
+import time
+import uuid
+from pathlib import Path
+
+import boto3
+import pytest
+
+ROOT = Path(__file__).parents[2]
+ENDPOINT = os.environ.get("SFN_LOCAL_ENDPOINT")
+pytestmark = pytest.mark.skipif(not ENDPOINT, reason="set SFN_LOCAL_ENDPOINT (docker compose up)")
+MACHINE = "TaskMachine"  # the name the mock file's test cases are keyed by
+EXECUTION_INPUT = {
+    "task_id": "sfn-local-1",
+    "version": 1,
+    "due_ms": 1767225600000,
+    "due_at": "2026-01-01T00:00:00.000Z",
+    "wake_at": "2026-01-01T00:00:00Z",  # past: the Wait lets go at once
+    "expires_at": 1769817600,
+}
+
+
+def definition() -> str:
+    """The real ASL, its placeholders filled with names Step Functions Local never calls."""
+    text = (ROOT / "statemachines" / "task.asl.json").read_text()
+
+    def value(match: re.Match[str]) -> str:
+        name = match[1]
+        if name.endswith("ExecutorArn"):
+            return f"arn:aws:lambda:us-east-1:123456789012:function:{name[: -len('Arn')]}"
+        if name == "DeadLetterQueueUrl":
+            return "https://sqs.us-east-1.amazonaws.com/123456789012/tocsin-dlq"
+        return "tocsin-tasks"
+
+    return re.sub(r"\$\{(\w+)\}", value, text)
+
+
+@pytest.fixture(scope="module")
+def machine_arn() -> str:
+    sfn = boto3.client(
+        "stepfunctions",
+        endpoint_url=ENDPOINT,
+        region_name="us-east-1",
+        aws_access_key_id="local",
+        aws_secret_access_key="local",
+    )
+    arn = sfn.create_state_machine(
+        name=MACHINE,
+        definition=definition(),
+        roleArn="arn:aws:iam::123456789012:role/tocsin-local",
+    )["stateMachineArn"]
+    yield arn
+    sfn.delete_state_machine(stateMachineArn=arn)
+
+
+def run(machine_arn: str, test_case: str) -> tuple[str, list[dict]]:
+    sfn = boto3.client(
+        "stepfunctions",
+        endpoint_url=ENDPOINT,
+        region_name="us-east-1",
+        aws_access_key_id="local",
+        aws_secret_access_key="local",
+    )
+    execution = sfn.start_execution(
+        stateMachineArn=f"{machine_arn}#{test_case}",
+        name=f"{test_case}-{uuid.uuid4().hex[:8]}",
+        input=json.dumps(EXECUTION_INPUT),
+    )["executionArn"]
+    deadline = time.monotonic() + 60
+    while (status := sfn.describe_execution(executionArn=execution)["status"]) == "RUNNING":
+        assert time.monotonic() < deadline, f"{test_case} still running"
+        time.sleep(0.2)
+    return status, sfn.get_execution_history(executionArn=execution)["events"]
+
+
+def entered(events: list[dict]) -> list[str]:
+    return [
+        e["stateEnteredEventDetails"]["name"] for e in events if "stateEnteredEventDetails" in e
+    ]
+
+
+def test_claim_won_fires_and_marks_succeeded(machine_arn):
+    status, events = run(machine_arn, "ClaimWon")
+    assert status == "SUCCEEDED"
+    assert entered(events)[-3:] == ["Route", "ExecuteWebhook", "MarkSucceeded"]
+
+
+def test_claim_lost_does_nothing(machine_arn):
+    status, events = run(machine_arn, "ClaimLost")
+    assert status == "SUCCEEDED"
+    assert entered(events) == ["WaitUntilWake", "Claim", "Skipped"]
+
+
+def test_executor_retried_then_succeeds(machine_arn):
+    status, events = run(machine_arn, "RetryThenSuccess")
+    assert status == "SUCCEEDED"
+    invocations = [e for e in events if e["type"] == "TaskScheduled"]
+    assert sum("lambda" in e["taskScheduledEventDetails"]["resourceType"] for e in invocations) == 2
+
+
+def test_permanent_failure_goes_to_the_dead_letter_queue(machine_arn):
+    status, events = run(machine_arn, "FailureToDeadLetterQueue")
+    assert status == "FAILED"
+    assert entered(events)[-4:] == [
+        "ExecuteWebhook",
+        "MarkFailed",
+        "SendToDeadLetterQueue",
+        "Failed",
+    ]
