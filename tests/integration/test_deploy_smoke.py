@@ -8,6 +8,7 @@ template instead, and listed here with the reason.
 
 import json
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,8 @@ FUNCTIONS = {
 def deployed() -> Iterator[tuple[dict[str, Any], dict[str, str]]]:
     if not BUILT.is_file():
         pytest.fail("no .aws-sam/build/template.yaml: run `make sam-build` (make test does)")
-    with mock.patch.dict(os.environ, PROCESS_ENVIRONMENT), mock_aws():
+    with mock.patch.dict(os.environ, PROCESS_ENVIRONMENT), mock_aws(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Tried to parse AWS::")  # see NOT_IN_MOTO
         template, code_dirs = translate(BUILT, PARAMETERS)
         for logical_id, folder in code_dirs.items():
             assert (folder / "app.py").is_file(), f"{logical_id}: no built app.py in {folder}"
@@ -188,3 +190,53 @@ def test_what_moto_ignores_is_set_in_the_translated_template(deployed):
         assert properties["TracingConfig"] == {"Mode": "Active"}
         [layer] = properties["Layers"]  # SAM names the layer version with a content hash
         assert resources[layer["Ref"]]["Type"] == "AWS::Lambda::LayerVersion"
+
+
+def _statements(resource: dict[str, Any]) -> list[dict[str, Any]]:
+    properties = resource["Properties"]
+    documents = [p["PolicyDocument"] for p in properties.get("Policies", [])]
+    if "PolicyDocument" in properties:
+        documents.append(properties["PolicyDocument"])
+    return [statement for document in documents for statement in document["Statement"]]
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def test_no_role_or_policy_allows_every_resource(deployed):
+    resources = deployed[0]["Resources"]
+    checked = 0
+    for logical_id, resource in resources.items():
+        if resource["Type"] not in ("AWS::IAM::Role", "AWS::IAM::ManagedPolicy"):
+            continue
+        for statement in _statements(resource):
+            assert "*" not in _as_list(statement["Resource"]), (logical_id, statement["Action"])
+            checked += 1
+    assert checked > 20
+
+
+def test_each_executor_may_reach_only_its_own_kind_of_target(deployed):
+    resources = deployed[0]["Resources"]
+    own = {
+        "WebhookExecutorFunction": {"secretsmanager"},
+        "LambdaExecutorFunction": {"lambda"},
+        "EventBridgeExecutorFunction": {"events"},
+        "SqsExecutorFunction": {"sqs"},
+        "SnsExecutorFunction": {"sns"},
+        "EmailExecutorFunction": {"ses"},
+    }
+    shared = {"dynamodb"}  # the attempt count and the idempotency record (ExecutorAccessPolicy)
+    for function, services in own.items():
+        role = resources[f"{function}Role"]
+        actions = {a for s in _statements(role) for a in _as_list(s["Action"])}
+        assert {a.split(":")[0] for a in actions} == services, function
+        managed = role["Properties"]["ManagedPolicyArns"]
+        assert {"Ref": "ExecutorAccessPolicy"} in managed
+    executor_policy = _statements(resources["ExecutorAccessPolicy"])
+    assert {a.split(":")[0] for s in executor_policy for a in _as_list(s["Action"])} == shared
+    machine = {
+        a for s in _statements(resources["TaskStateMachineRole"]) for a in _as_list(s["Action"])
+    }
+    assert {a.split(":")[0] for a in machine} == {"dynamodb", "lambda", "sqs"}
+    assert {a for a in machine if a.startswith("dynamodb")} == {"dynamodb:UpdateItem"}
