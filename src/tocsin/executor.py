@@ -126,7 +126,11 @@ def execute(event: dict[str, Any], expected_type: TaskType) -> dict[str, Any]:
     task = claimed_task(event)
     if task.task_type is not expected_type:
         raise PermanentTargetError(f"a {task.task_type} task reached the {expected_type} executor")
-    done = _act(task)
+    try:
+        done = _act(task)
+    except PermanentTargetError:
+        metrics.add_metric(name="Failed", unit=MetricUnit.Count, value=1)
+        raise
     lateness_ms = done["fired_ms"] - task.due_ms
     metrics.add_metric(name="Fired", unit=MetricUnit.Count, value=1)
     metrics.add_metric(name="LatenessMs", unit=MetricUnit.Milliseconds, value=lateness_ms)

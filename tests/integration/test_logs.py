@@ -12,7 +12,7 @@ import pytest
 PAYLOAD_MARK = "card-4111-1111-1111-1111"
 HEADER_MARK = "Bearer-token-do-not-log"
 SCRIPT = """
-import json, sys
+import json, os, sys
 import boto3
 from tests.conftest import wait_for_status, webhook_task
 from tocsin import clock
@@ -23,6 +23,8 @@ from tocsin.settings import settings
 
 level, payload_mark, header_mark = sys.argv[1:4]
 with WebhookReceiver() as receiver, EmbeddedRuntime({"LogLevel": level}, None) as runtime:
+    os.environ["POWERTOOLS_METRICS_DISABLED"] = "false"  # print them (EMF) like on AWS
+    runtime.run_finder()
     task = webhook_task(receiver.url, clock.now_ms() + 1500, "logged", {"card": payload_mark})
     task["target"]["headers"] = {"Authorization": header_mark}
     reply = runtime.invoke("ApiFunction", api_event("POST", "/tasks", json.dumps(task)))
@@ -47,9 +49,16 @@ def test_a_fired_task_logs_its_id_but_not_its_payload_or_secrets(level):
     assert done.returncode == 0, done.stderr[-3000:]
     secret = done.stderr.rsplit("SECRET=", 1)[1].strip()
     logs = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    messages = {(entry["message"], entry.get("task_id")) for entry in logs}
+    messages = {(entry.get("message"), entry.get("task_id")) for entry in logs}
     assert {("submitted", "logged"), ("fired", "logged")} <= messages
     assert ("refused", None) in messages
+    metrics = [entry for entry in logs if "_aws" in entry]
+    namespaces = {m["Namespace"] for e in metrics for m in e["_aws"]["CloudWatchMetrics"]}
+    names = {
+        d["Name"] for e in metrics for m in e["_aws"]["CloudWatchMetrics"] for d in m["Metrics"]
+    }
+    assert namespaces == {"Tocsin"} and {e["service"] for e in metrics} == {"tocsin"}
+    assert {"Fired", "LatenessMs", "found", "started", "throttled", "backlog"} <= names
     everything = done.stdout + done.stderr.rsplit("SECRET=", 1)[0]
     assert PAYLOAD_MARK not in everything
     assert HEADER_MARK not in everything
