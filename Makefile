@@ -40,7 +40,7 @@ cfn-lint: $(VENV)/.installed
 	$(BIN)/cfn-lint template.yaml
 
 checkov: $(CHKENV)/.installed
-	$(CHKENV)/bin/checkov -f template.yaml --framework cloudformation --compact --quiet
+	$(CHKENV)/bin/checkov -f template.yaml --framework cloudformation --compact --quiet --skip-download
 
 statelint: $(VENV)/.installed $(CHKENV)/.installed
 	mkdir -p .build

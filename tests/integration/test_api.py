@@ -234,7 +234,7 @@ def test_generated_bad_bodies_get_a_4xx_and_leave_the_table_unchanged(runtime, b
 
 
 def test_a_cancelled_task_never_fires(runtime, receiver):
-    due = clock.now_ms() + 4000
+    due = clock.now_ms() + 6000
     status, task = call(runtime, "POST", "/tasks", webhook_task(receiver.url, due, "c-1"))
     assert status == 201 and task["status"] == "SCHEDULED"
     status, task = call(runtime, "DELETE", "/tasks/c-1")
@@ -291,9 +291,10 @@ def test_cancel_racing_the_fire_gives_exactly_one_outcome(runtime, receiver):
 
 def test_reschedule_fires_the_new_version_at_the_new_time_only(runtime, receiver):
     now = clock.now_ms()
-    body = webhook_task(receiver.url, now + 5000, "r-1", {"v": 1})
+    # Due in 8 s: the Claim waits for a wake-up at least 5 s away, room for the PATCH.
+    body = webhook_task(receiver.url, now + 8000, "r-1", {"v": 1})
     assert call(runtime, "POST", "/tasks", body)[1]["status"] == "SCHEDULED"
-    new_due = now + 7000
+    new_due = now + 10_000
     status, task = call(
         runtime, "PATCH", "/tasks/r-1", {"due_at": clock.to_iso(new_due), "payload": {"v": 2}}
     )
