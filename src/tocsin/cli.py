@@ -201,6 +201,27 @@ def _add_task_commands(commands: Any) -> None:
     reschedule.set_defaults(run=_task_command, call=_reschedule_call)
 
 
+def _redrive(args: argparse.Namespace) -> int:
+    """FAILED tasks on a stack's dead-letter queue back to PENDING as their next version."""
+    import boto3
+
+    from tocsin.local.output import print_redrive
+    from tocsin.redrive import redrive
+    from tocsin.settings import Settings
+
+    stack = boto3.client("cloudformation").describe_stacks(StackName=args.stack)["Stacks"][0]
+    outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
+    config = Settings(
+        TASKS_TABLE=outputs["TasksTableName"], STATE_MACHINE_ARN=outputs["StateMachineArn"]
+    )
+    report = redrive(outputs["DeadLetterQueueUrl"], config, dry_run=args.dry_run)
+    if args.json:
+        print(json.dumps({"outcomes": dict(report.outcomes), "tasks": report.tasks}))
+    else:
+        print_redrive(report)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="tocsin", description=__doc__)
     commands = root.add_subparsers(dest="command", required=True)
@@ -227,6 +248,14 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--lookahead", type=int, default=20, help="finder look-ahead, s (20)")
     serve.add_argument("--finder-interval", type=float, default=5.0, help="finder ticker, s (5)")
     serve.set_defaults(run=_serve)
+
+    redrive = commands.add_parser(
+        "redrive", help="FAILED tasks on the dead-letter queue back to PENDING, next version"
+    )
+    redrive.add_argument("--stack", required=True, help="the deployed stack's name")
+    redrive.add_argument("--dry-run", action="store_true", help="report, change nothing")
+    redrive.add_argument("--json", action="store_true", help="print the report as JSON")
+    redrive.set_defaults(run=_redrive)
 
     _add_task_commands(commands)
     return root

@@ -185,3 +185,31 @@ class TaskStore:
         except self._conditional_failed:
             return None
         return int(reply["Attributes"]["attempts"])
+
+    def redrive(
+        self, task_id: str, version: int, index_keys: dict[str, Any], now_iso: str
+    ) -> dict[str, Any] | None:
+        """A FAILED task back to PENDING as version + 1, attempts reset; None if it changed."""
+        try:
+            reply = self._table.update_item(
+                Key={"task_id": task_id},
+                UpdateExpression="SET #v = :next, #s = :pending, attempts = :zero, "
+                "updated_at = :now, gsi_pk = :pk, gsi_due_ms = :due "
+                "REMOVE #e, expires_at, execution_arn, claimed_by",
+                ConditionExpression="#s = :failed AND #v = :v",
+                ExpressionAttributeNames={"#s": "status", "#v": "version", "#e": "error"},
+                ExpressionAttributeValues={
+                    ":next": version + 1,
+                    ":v": version,
+                    ":pending": TaskStatus.PENDING.value,
+                    ":failed": TaskStatus.FAILED.value,
+                    ":zero": 0,
+                    ":now": now_iso,
+                    ":pk": index_keys["gsi_pk"],
+                    ":due": index_keys["gsi_due_ms"],
+                },
+                ReturnValues="ALL_NEW",
+            )
+        except self._conditional_failed:
+            return None
+        return reply["Attributes"]

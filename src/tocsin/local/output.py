@@ -31,3 +31,12 @@ def print_page(page: Any) -> None:
     _console.print(table)
     if page.next:
         _console.print(f"more: --next {page.next}")
+
+
+def print_redrive(report: Any) -> None:
+    table = Table("task", "version", "outcome")
+    for task_id, version, outcome in report.tasks:
+        table.add_row(task_id, str(version), outcome)
+    _console.print(table)
+    counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(report.outcomes.items()))
+    _console.print(counts or "the dead-letter queue is empty")

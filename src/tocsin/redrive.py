@@ -1,0 +1,98 @@
+"""Redrive: give FAILED tasks from the dead-letter queue another run, as their next version.
+
+Each DLQ message holds the execution's state, with `task_id` and `version`. A task still
+FAILED at that version goes back to PENDING as version + 1, in the due index with its
+attempts reset, and fires at once (its due time has passed). The message is deleted
+once the task is redriven, or when it no longer applies (the task changed or is gone).
+"""
+
+import json
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from tocsin import aws, clock
+from tocsin.dispatch import dispatch_if_due_soon
+from tocsin.settings import Settings
+from tocsin.store import TaskStore
+from tocsin.submit import due_index_keys
+
+
+@dataclass
+class RedriveReport:
+    outcomes: Counter[str] = field(default_factory=Counter)
+    tasks: list[tuple[str, int, str]] = field(default_factory=list)  # id, version, outcome
+
+    def add(self, task_id: str, version: int, outcome: str) -> None:
+        self.outcomes[outcome] += 1
+        self.tasks.append((task_id, version, outcome))
+
+
+def _messages(queue_url: str) -> Iterator[dict[str, Any]]:
+    sqs = aws.client("sqs")
+    while True:
+        batch = sqs.receive_message(
+            QueueUrl=queue_url, MaxNumberOfMessages=10, VisibilityTimeout=60
+        ).get("Messages", [])
+        if not batch:
+            return
+        yield from batch
+
+
+def _failed_version(message: dict[str, Any]) -> tuple[str, int] | None:
+    try:
+        state = json.loads(message["Body"])["state"]
+        return str(state["task_id"]), int(state["version"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def redrive(
+    queue_url: str,
+    config: Settings,
+    dry_run: bool = False,
+    progress: Callable[[str, int, str], None] | None = None,
+) -> RedriveReport:
+    """Redrive every FAILED task on the dead-letter queue; `dry_run` only reports."""
+    store = TaskStore(config.tasks_table)
+    sqs = aws.client("sqs")
+    report = RedriveReport()
+    kept = []  # left on the queue: unreadable, or a dry run; visible again at the end
+    for message in _messages(queue_url):
+        found = _failed_version(message)
+        if found is None:
+            outcome, task_id, version = "unreadable", "?", 0
+        else:
+            task_id, version = found
+            outcome = _redrive_one(store, config, task_id, version, dry_run)
+        report.add(task_id, version, outcome)
+        if progress:
+            progress(task_id, version, outcome)
+        if dry_run or outcome == "unreadable":
+            kept.append(message["ReceiptHandle"])
+        else:
+            sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
+    for handle in kept:
+        sqs.change_message_visibility(QueueUrl=queue_url, ReceiptHandle=handle, VisibilityTimeout=0)
+    return report
+
+
+def _redrive_one(
+    store: TaskStore, config: Settings, task_id: str, version: int, dry_run: bool
+) -> str:
+    item = store.get(task_id)
+    if item is None:
+        return "gone"
+    if item["status"] != "FAILED" or int(item["version"]) != version:
+        return "changed"
+    if dry_run:
+        return "would redrive"
+    redriven = store.redrive(
+        task_id, version, due_index_keys(task_id, int(item["due_ms"]), config),
+        clock.to_iso(clock.now_ms()),
+    )  # fmt: skip
+    if redriven is None:
+        return "changed"
+    dispatch_if_due_soon(redriven, config, store)
+    return "redriven"

@@ -1,0 +1,53 @@
+"""`tocsin redrive`: FAILED tasks from the dead-letter queue fire again as their next version."""
+
+import json
+
+import boto3
+
+from tests.conftest import stored, wait_for_status, webhook_task
+from tocsin import clock
+from tocsin.cli import main
+from tocsin.local.runtime import STACK_NAME
+from tocsin.redrive import redrive
+from tocsin.settings import settings
+from tocsin.submit import submit_task
+
+
+def failed_task(runtime, receiver, task_id: str) -> None:
+    receiver.status_for[f"/{task_id}"] = 410
+    body = webhook_task(f"{receiver.url}/{task_id}", clock.now_ms() + 500, task_id)
+    submit_task(body, owner="alice")
+    wait_for_status(task_id, {"FAILED"})
+    assert runtime.wait_for_executions(10)  # the DLQ send follows MarkFailed
+
+
+def dead_letters(runtime) -> int:
+    attributes = boto3.client("sqs").get_queue_attributes(
+        QueueUrl=runtime.dead_letter_queue_url, AttributeNames=["ApproximateNumberOfMessages"]
+    )
+    return int(attributes["Attributes"]["ApproximateNumberOfMessages"])
+
+
+def test_a_redriven_task_fires_as_its_next_version(runtime, receiver):
+    failed_task(runtime, receiver, "broken")
+    receiver.status_for["/broken"] = 200  # the target is fixed
+
+    report = redrive(runtime.dead_letter_queue_url, settings())
+    assert report.tasks == [("broken", 1, "redriven")]
+    item = wait_for_status("broken", {"SUCCEEDED"})
+    assert int(item["version"]) == 2 and int(item["attempts"]) == 1 and "error" not in item
+    assert [a.idempotency_key for a in receiver.received()] == ["broken:1", "broken:2"]
+    assert dead_letters(runtime) == 0
+    assert redrive(runtime.dead_letter_queue_url, settings()).tasks == []
+
+
+def test_cli_dry_run_reports_and_changes_nothing_then_redrives(runtime, receiver, capsys):
+    failed_task(runtime, receiver, "dry")
+    assert main(["redrive", "--stack", STACK_NAME, "--dry-run", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tasks"] == [["dry", 1, "would redrive"]]
+    assert stored("dry")["status"] == "FAILED" and dead_letters(runtime) == 1
+
+    assert main(["redrive", "--stack", STACK_NAME]) == 0
+    out = capsys.readouterr().out
+    assert "dry" in out and "redriven" in out
+    assert stored("dry")["version"] == 2
