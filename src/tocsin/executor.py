@@ -108,7 +108,12 @@ def _deliver_once(task: ClaimedTask) -> dict[str, Any]:
 
 def _act(task: ClaimedTask) -> dict[str, Any]:
     """Prepare, gate and send, counting the attempt; the last allowed attempt fails for good."""
-    attempt = TaskStore(settings().tasks_table).count_attempt(task.task_id, task.version)
+    try:
+        attempt = TaskStore(settings().tasks_table).count_attempt(task.task_id, task.version)
+    except Exception as error:  # the table is busy or down: the state machine tries again
+        if aws.is_transient(error):
+            raise TransientTargetError(f"attempt not recorded: {aws.error_code(error)}") from error
+        raise
     if attempt is None:  # not claimed in the table: a hand-made event (events/ samples)
         logger.warning("attempt not counted", task_id=task.task_id, version=task.version)
         attempt = 1

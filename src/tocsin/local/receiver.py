@@ -4,7 +4,7 @@ import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Literal
 
 from tocsin import clock
 
@@ -17,14 +17,24 @@ class Arrival:
     task_id: str
     body: bytes
     headers: dict[str, str]
+    status: int = 200  # what the sender got back: 0 when the receiver hung up or timed out
+
+
+Reply = int | Literal["hang", "close"]
 
 
 class WebhookReceiver:
-    """Records every POST with the millisecond it arrived; answers `status_for[path]` or 200."""
+    """Records every POST with the millisecond it arrived and answers it.
 
-    def __init__(self, port: int = 0):
+    The answer is the next of `script_for[path]` while it lasts (a status, "hang": say
+    nothing for `hang_s`, or "close": drop the connection), then `status_for[path]`, or 200.
+    """
+
+    def __init__(self, port: int = 0, hang_s: float = 15.0):
         self.arrivals: list[Arrival] = []
         self.status_for: dict[str, int] = {}
+        self.script_for: dict[str, list[Reply]] = {}
+        self.hang_s = hang_s
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler_class())
         self._server.daemon_threads = True
@@ -55,10 +65,16 @@ class WebhookReceiver:
             time.sleep(0.02)
         return len(self.arrivals) >= count
 
-    def _record(self, arrival: Arrival) -> int:
+    def _reply_to(self, path: str) -> Reply:
+        with self._lock:
+            script = self.script_for.get(path)
+            if script:
+                return script.pop(0)
+            return self.status_for.get(path, 200)
+
+    def _record(self, arrival: Arrival) -> None:
         with self._lock:
             self.arrivals.append(arrival)
-        return self.status_for.get(arrival.path, 200)
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         receiver = self
@@ -67,7 +83,8 @@ class WebhookReceiver:
             def do_POST(self) -> None:
                 arrived = clock.now_ms()
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                status = receiver._record(
+                reply = receiver._reply_to(self.path)
+                receiver._record(
                     Arrival(
                         arrival_ms=arrived,
                         path=self.path,
@@ -75,9 +92,15 @@ class WebhookReceiver:
                         task_id=self.headers.get("Tocsin-Task-Id", ""),
                         body=body,
                         headers=dict(self.headers.items()),
+                        status=reply if isinstance(reply, int) else 0,
                     )
                 )
-                self.send_response(status)
+                if reply == "hang":
+                    time.sleep(receiver.hang_s)
+                if not isinstance(reply, int):
+                    self.close_connection = True
+                    return
+                self.send_response(reply)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 

@@ -1,0 +1,360 @@
+"""`tocsin chaos`: faults injected into the embedded runtime, then every task judged.
+
+Each scenario gets a fresh runtime (the real template, state machine and handlers), a
+webhook receiver and its own batch of tasks. A fault is switched on at a seam outside
+the product: a botocore hook on a client, a wrapper on a moto backend, on the runtime's
+Lambda invoke, or the receiver's replies. The judge then reads every task and every
+arrival: duplicates (a version delivered more than once), early (delivered before its
+due time), lost (neither delivered nor in a state that says why) and dlq_missing (a
+FAILED task with no dead-letter message holding its error).
+"""
+
+import json
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from unittest import mock
+
+import boto3
+from botocore.exceptions import EndpointConnectionError
+from moto.core.exceptions import JsonRESTError
+
+from tocsin import aws, clock
+from tocsin.errors import PermanentTargetError, TransientTargetError
+from tocsin.local.receiver import WebhookReceiver
+from tocsin.local.runtime import EmbeddedRuntime
+from tocsin.local.server import api_event
+from tocsin.settings import settings
+
+LEAD_IN_MS = 6000  # tasks fall due from this far ahead, so every path has room to run
+EXECUTORS = "ExecutorFunction"
+
+
+@dataclass
+class Trial:
+    """One scenario's world: its runtime, receiver, tasks and what it expects of them."""
+
+    runtime: EmbeddedRuntime
+    receiver: WebhookReceiver
+    rng: random.Random
+    due: dict[str, int] = field(default_factory=dict)  # idempotency key -> due ms
+    extra_creations: int = 0  # submissions beyond the first that created a task again
+    exits: ExitStack = field(default_factory=ExitStack)
+
+    def body(self, task_id: str, due_ms: int, path: str = "/ok") -> dict[str, Any]:
+        return {
+            "id": task_id,
+            "due_at": clock.to_iso(due_ms),
+            "type": "webhook",
+            "target": {"url": f"{self.receiver.url}{path}"},
+            "payload": {"task": task_id},
+        }
+
+    def plan(self, count: int, prefix: str, spread_ms: int = 3000) -> list[tuple[str, int]]:
+        start = clock.now_ms() + LEAD_IN_MS
+        plan = [(f"{prefix}-{i}", start + self.rng.randrange(spread_ms)) for i in range(count)]
+        for task_id, due_ms in plan:
+            self.due[f"{task_id}:1"] = due_ms
+        return plan
+
+    def store(self, count: int, prefix: str, path: str = "/ok") -> list[str]:
+        """PENDING tasks written straight to the table, for the finder to find; `path` may
+        hold `{id}`, the task's id."""
+        from tocsin.store import TaskStore
+        from tocsin.submit import new_item
+
+        store, now = TaskStore(settings().tasks_table), clock.now_ms()
+        plan = self.plan(count, prefix)
+        for task_id, due_ms in plan:
+            body = self.body(task_id, due_ms, path.format(id=task_id))
+            store.create(new_item(body, "chaos", now, settings()))
+        return [task_id for task_id, _ in plan]
+
+    def api(self, method: str, target: str, body: Any = None) -> tuple[int, Any]:
+        raw = None if body is None else json.dumps(body)
+        reply = self.runtime.invoke("ApiFunction", api_event(method, target, raw, "chaos"))
+        return int(reply["statusCode"]), json.loads(reply["body"])
+
+    def finder_until_done(self, runs: int = 30) -> None:
+        """Run the finder until nothing due is left PENDING; a crashed run is run again."""
+        for _ in range(runs):
+            try:
+                report = self.runtime.run_finder()
+            except Exception:  # the injected crash: the next run picks the tasks up
+                continue
+            if report["backlog"] == 0:
+                return
+
+    def settle(self, timeout_s: float = 90) -> None:
+        """Wait until every task is final (or the time is up) and no execution runs."""
+        deadline = time.monotonic() + timeout_s
+        table = boto3.resource("dynamodb").Table(settings().tasks_table)
+        while time.monotonic() < deadline:
+            statuses = {item["status"] for item in table.scan()["Items"]}
+            if statuses <= {"SUCCEEDED", "FAILED", "CANCELLED"} and not self._running():
+                return
+            if "PENDING" in statuses:
+                self.finder_until_done(runs=1)
+            time.sleep(0.2)
+
+    def _running(self) -> bool:
+        return any(e.status == "RUNNING" for e in self.runtime.executions())
+
+    def judge(self) -> dict[str, int]:
+        items = boto3.resource("dynamodb").Table(settings().tasks_table).scan()["Items"]
+        answered = [a for a in self.receiver.received() if 200 <= a.status < 300]
+        delivered = Counter(a.idempotency_key for a in answered)
+        first: dict[str, int] = {}
+        for arrival in answered:
+            first.setdefault(arrival.idempotency_key, arrival.arrival_ms)
+        in_dlq = self._dead_letters()
+        counts = Counter(tasks=len(items))
+        for item in items:
+            key = f"{item['task_id']}:{int(item['version'])}"
+            status = item["status"]
+            counts["fired"] += delivered[key] > 0
+            counts["failed_to_dlq"] += status == "FAILED"
+            explained = (
+                (status == "SUCCEEDED" and delivered[key] > 0)
+                or status == "FAILED"
+                or (status == "CANCELLED" and delivered[key] == 0)
+            )
+            counts["lost"] += not explained
+            counts["dlq_missing"] += status == "FAILED" and key not in in_dlq
+        for key, times in delivered.items():
+            counts["duplicates"] += times - 1
+            counts["early"] += first[key] < self.due.get(key, 0)
+        current = {_current(item) for item in items}
+        counts["duplicates"] += len(set(delivered) - current)  # an old version, after a change
+        counts["duplicates"] += self.extra_creations
+        return {name: counts[name] for name in JUDGED}
+
+    def _dead_letters(self) -> set[str]:
+        sqs, keys = boto3.client("sqs"), set()
+        while True:
+            batch = sqs.receive_message(
+                QueueUrl=self.runtime.dead_letter_queue_url, MaxNumberOfMessages=10
+            ).get("Messages", [])
+            if not batch:
+                return keys
+            for message in batch:
+                state = json.loads(message["Body"])["state"]
+                if state.get("error"):
+                    keys.add(f"{state['task_id']}:{state['version']}")
+
+
+JUDGED = ("tasks", "fired", "duplicates", "early", "lost", "failed_to_dlq", "dlq_missing")
+
+
+def _current(item: dict[str, Any]) -> str:
+    return f"{item['task_id']}:{int(item['version'])}"
+
+
+# -- the scenarios -------------------------------------------------------------------------
+
+
+def finder_crash(trial: Trial, tasks: int) -> None:
+    """The finder dies after StartExecution and before the mark, on 30 % of the tasks."""
+    ids = trial.store(tasks, "crash")
+    doomed = set(trial.rng.sample(ids, max(1, len(ids) * 3 // 10)))
+    client = aws.resource("dynamodb").meta.client
+
+    def crash(params: dict[str, Any], **_: Any) -> None:
+        if params["Key"]["task_id"] in doomed and ":scheduled" in params.get(
+            "ExpressionAttributeValues", {}
+        ):
+            doomed.discard(params["Key"]["task_id"])
+            raise EndpointConnectionError(endpoint_url="https://dynamodb")
+
+    client.meta.events.register("before-parameter-build.dynamodb.UpdateItem", crash)
+    trial.exits.callback(
+        client.meta.events.unregister, "before-parameter-build.dynamodb.UpdateItem", crash
+    )
+    trial.finder_until_done()
+
+
+def racing_finders(trial: Trial, tasks: int) -> None:
+    """Two, then five finders at the same moment over the same due tasks."""
+    for finders, prefix in ((2, "two"), (5, "five")):
+        trial.store(tasks // 2, prefix)
+        barrier = threading.Barrier(finders)
+
+        def run(barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            trial.runtime.run_finder()
+
+        threads = [threading.Thread(target=run) for _ in range(finders)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+
+def throttled_starts(trial: Trial, tasks: int) -> None:
+    """StartExecution answers ThrottlingException on half the calls."""
+    from moto.stepfunctions.parser.models import StepFunctionsParserBackend
+
+    start = StepFunctionsParserBackend.start_execution
+    lock = threading.Lock()
+
+    def throttled(backend: Any, *args: Any, **kwargs: Any) -> Any:
+        with lock:
+            refuse = trial.rng.random() < 0.5
+        if refuse:
+            raise JsonRESTError("ThrottlingException", "Rate exceeded")
+        return start(backend, *args, **kwargs)
+
+    trial.exits.enter_context(
+        mock.patch.object(StepFunctionsParserBackend, "start_execution", throttled)
+    )
+    trial.store(tasks, "throttled")
+    trial.finder_until_done()
+
+
+def dynamodb_faults(trial: Trial, tasks: int) -> None:
+    """A third of UpdateItem calls (claims, marks) are throttled or fail with a 500."""
+    from moto.dynamodb.models import DynamoDBBackend
+
+    update = DynamoDBBackend.update_item
+    lock = threading.Lock()
+
+    def flaky(backend: Any, *args: Any, **kwargs: Any) -> Any:
+        with lock:
+            roll = trial.rng.random()
+        if roll < 1 / 6:
+            raise JsonRESTError("ProvisionedThroughputExceededException", "Slow down")
+        if roll < 1 / 3:
+            error = JsonRESTError("InternalServerError", "Internal server error")
+            error.code = 500
+            raise error
+        return update(backend, *args, **kwargs)
+
+    trial.exits.enter_context(mock.patch.object(DynamoDBBackend, "update_item", flaky))
+    trial.store(tasks, "dynamodb")
+    trial.finder_until_done()
+
+
+def executor_faults(trial: Trial, tasks: int) -> None:
+    """Executors fail: transiently on the first attempt for half, permanently for a tenth."""
+    ids = trial.store(tasks, "executor")
+    permanent = set(trial.rng.sample(ids, max(1, len(ids) // 10)))
+    transient = set(trial.rng.sample(sorted(set(ids) - permanent), len(ids) // 2))
+    invoke = trial.runtime.invoke
+
+    def failing(logical_id: str, event: Any) -> Any:
+        task_id = event.get("task_id") if isinstance(event, dict) else None
+        if logical_id.endswith(EXECUTORS) and task_id in permanent:
+            raise PermanentTargetError("injected: the target refuses")
+        if logical_id.endswith(EXECUTORS) and task_id in transient:
+            transient.discard(task_id)
+            raise TransientTargetError("injected: the first attempt fails")
+        return invoke(logical_id, event)
+
+    trial.exits.enter_context(mock.patch.object(trial.runtime, "invoke", failing))
+    trial.finder_until_done()
+
+
+def webhook_faults(trial: Trial, tasks: int) -> None:
+    """The receiver answers 500 or 429, hangs past the timeout or drops the connection,
+    then recovers; one path answers 500 for good."""
+    scripts: dict[str, list[Any]] = {
+        "/e500": [500, 500],
+        "/e429": [429],
+        "/hang": ["hang"],
+        "/close": ["close"],
+    }
+    per_path = max(1, tasks // 5)
+    for path, script in scripts.items():
+        for task_id in trial.store(per_path, path.strip("/"), path + "/{id}"):
+            trial.receiver.script_for[f"{path}/{task_id}"] = list(script)
+    for task_id in trial.store(per_path, "down", "/down/{id}"):
+        trial.receiver.status_for[f"/down/{task_id}"] = 500
+    trial.finder_until_done()
+
+
+def cancel_and_reschedule_races(trial: Trial, tasks: int) -> None:
+    """Cancels and reschedules land at the due time, a few ms either side."""
+    plan = trial.plan(tasks, "race")
+    for task_id, due_ms in plan:
+        assert trial.api("POST", "/tasks", trial.body(task_id, due_ms))[0] == 201
+
+    def act(task_id: str, due_ms: int, offset_ms: int, reschedule: bool) -> None:
+        time.sleep(max(0, due_ms + offset_ms - clock.now_ms()) / 1000)
+        if reschedule:
+            new_due = clock.now_ms() + 3000
+            status, _ = trial.api("PATCH", f"/tasks/{task_id}", {"due_at": clock.to_iso(new_due)})
+            if status == 200:
+                trial.due[f"{task_id}:2"] = new_due
+        else:
+            trial.api("DELETE", f"/tasks/{task_id}")
+
+    threads = [
+        threading.Thread(target=act, args=(i, d, trial.rng.randint(-5, 5), n % 2 == 0))
+        for n, (i, d) in enumerate(plan)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def duplicate_submissions(trial: Trial, tasks: int) -> None:
+    """Five clients submit the same ids with the same bodies, all at once."""
+    plan = trial.plan(max(1, tasks // 5), "dup")
+    barrier = threading.Barrier(5)
+    created: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def client() -> None:
+        barrier.wait()
+        for task_id, due_ms in plan:
+            status, _ = trial.api("POST", "/tasks", trial.body(task_id, due_ms))
+            with lock:
+                created[task_id] += status == 201
+
+    threads = [threading.Thread(target=client) for _ in range(5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    trial.extra_creations = sum(max(0, n - 1) for n in created.values())
+
+
+SCENARIOS: dict[str, Callable[[Trial, int], None]] = {
+    "finder-crash": finder_crash,
+    "racing-finders": racing_finders,
+    "throttled-starts": throttled_starts,
+    "dynamodb-faults": dynamodb_faults,
+    "executor-faults": executor_faults,
+    "webhook-faults": webhook_faults,
+    "cancel-reschedule": cancel_and_reschedule_races,
+    "duplicate-submissions": duplicate_submissions,
+}
+
+
+@contextmanager
+def trial(seed: int) -> Iterator[Trial]:
+    # A short webhook timeout keeps the hanging receiver's scenario quick.
+    with (
+        mock.patch.dict("os.environ", {"WEBHOOK_TIMEOUT_SECONDS": "2"}),
+        WebhookReceiver(hang_s=3) as receiver,
+        EmbeddedRuntime(finder_interval_s=None) as runtime,
+    ):
+        world = Trial(runtime, receiver, random.Random(seed))
+        with world.exits:
+            yield world
+
+
+def run_scenario(name: str, tasks: int, seed: int = 7) -> dict[str, int]:
+    """Run one scenario on a fresh runtime and judge every task."""
+    with trial(seed) as world:
+        SCENARIOS[name](world, tasks)
+        world.settle()  # the tasks fire with the fault still on
+        world.exits.close()  # then it is off: anything left runs as after a recovery
+        world.settle()
+        return world.judge()
