@@ -222,6 +222,18 @@ def _redrive(args: argparse.Namespace) -> int:
     return 0
 
 
+def _chaos(args: argparse.Namespace) -> int:
+    from tocsin.local import chaos
+
+    names = args.scenarios.split(",") if args.scenarios else list(chaos.SCENARIOS)
+    unknown = sorted(set(names) - set(chaos.SCENARIOS))
+    if unknown:
+        known = ", ".join(chaos.SCENARIOS)
+        print(f"unknown scenario {', '.join(unknown)}; there are: {known}", file=sys.stderr)
+        return 2
+    return chaos.main(names, args.tasks, args.seed, args.json)
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="tocsin", description=__doc__)
     commands = root.add_subparsers(dest="command", required=True)
@@ -248,6 +260,13 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--lookahead", type=int, default=20, help="finder look-ahead, s (20)")
     serve.add_argument("--finder-interval", type=float, default=5.0, help="finder ticker, s (5)")
     serve.set_defaults(run=_serve)
+
+    chaos = commands.add_parser("chaos", help="inject faults locally, then judge every task")
+    chaos.add_argument("--scenarios", help="comma-separated scenario names (default: all)")
+    chaos.add_argument("--tasks", type=int, default=200, help="tasks per scenario (200)")
+    chaos.add_argument("--seed", type=int, default=7, help="random seed (7)")
+    chaos.add_argument("--json", action="store_true", help="print the results as JSON, last line")
+    chaos.set_defaults(run=_chaos)
 
     redrive = commands.add_parser(
         "redrive", help="FAILED tasks on the dead-letter queue back to PENDING, next version"

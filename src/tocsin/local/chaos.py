@@ -358,3 +358,35 @@ def run_scenario(name: str, tasks: int, seed: int = 7) -> dict[str, int]:
         world.exits.close()  # then it is off: anything left runs as after a recovery
         world.settle()
         return world.judge()
+
+
+def main(names: list[str], tasks: int, seed: int, as_json: bool) -> int:
+    """Run the scenarios one by one, with progress, then a table (or JSON, last line)."""
+    import logging
+
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    # moto logs every failed execution with its state tree: the judge reports them instead.
+    logging.getLogger("moto").setLevel(logging.CRITICAL)
+    console = Console(stderr=as_json)
+    results: dict[str, dict[str, int]] = {}
+    with Progress(console=console, transient=True) as progress:
+        bar = progress.add_task("scenarios", total=len(names))
+        for name in names:
+            progress.update(bar, description=name)
+            results[name] = run_scenario(name, tasks, seed)
+            progress.advance(bar)
+    holes = sum(
+        r[k] for r in results.values() for k in ("duplicates", "early", "lost", "dlq_missing")
+    )
+    if as_json:
+        print(json.dumps(results))
+        return 1 if holes else 0
+    table = Table("scenario", *JUDGED, title="Tocsin chaos: every task judged")
+    for name, result in results.items():
+        table.add_row(name, *(str(result[k]) for k in JUDGED))
+    console.print(table)
+    console.print("no task duplicated, early or lost" if not holes else f"{holes} problems")
+    return 1 if holes else 0
