@@ -21,7 +21,7 @@ def _cached(service: str, kind: str, retry_mode: str, max_attempts: int) -> Any:
 
 
 def client(service: str, retry_mode: str = "standard", max_attempts: int = 5) -> Any:
-    """A shared client; `adaptive` mode adds client-side rate limiting for throttled APIs."""
+    """A shared client with botocore's retries in `retry_mode`, `max_attempts` after the first."""
     with _lock:  # boto3's session is not safe to create clients from in parallel
         return _cached(service, "client", retry_mode, max_attempts)
 

@@ -64,8 +64,10 @@ SFN_RETRIES = 4  # botocore counts these after the first call
 
 
 def _sfn() -> Any:
-    # Adaptive mode backs off and rate-limits itself on StartExecution's token bucket.
-    return aws.client("stepfunctions", retry_mode="adaptive", max_attempts=SFN_RETRIES)
+    # Standard mode: exponential backoff with jitter, bounded per call. Adaptive mode's
+    # client-side limiter blocks a thread with no deadline; under sustained throttling it
+    # held a finder run for minutes (`tocsin chaos --scenarios throttled-starts`).
+    return aws.client("stepfunctions", retry_mode="standard", max_attempts=SFN_RETRIES)
 
 
 def dispatch(task: DueTask, settings: Settings, store: TaskStore) -> Outcome:

@@ -448,6 +448,8 @@ def translate(
     from samtranslator.translator.transform import transform
     from samtranslator.yaml_helper import yaml_parse
 
+    # The translator records its own usage metrics and warns that nobody published them.
+    logging.getLogger("samtranslator.metrics.metrics").setLevel(logging.ERROR)
     base = template_path.parent
     template = yaml_parse(template_path.read_text())
     code_dirs: dict[str, Path] = {}
