@@ -10,6 +10,7 @@ import re
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
@@ -43,15 +44,19 @@ def definition() -> str:
     return re.sub(r"\$\{(\w+)\}", value, text)
 
 
-@pytest.fixture(scope="module")
-def machine_arn() -> str:
-    sfn = boto3.client(
+def local_sfn() -> Any:
+    return boto3.client(
         "stepfunctions",
         endpoint_url=ENDPOINT,
         region_name="us-east-1",
         aws_access_key_id="local",
         aws_secret_access_key="local",
     )
+
+
+@pytest.fixture(scope="module")
+def machine_arn() -> str:
+    sfn = local_sfn()
     arn = sfn.create_state_machine(
         name=MACHINE,
         definition=definition(),
@@ -62,13 +67,7 @@ def machine_arn() -> str:
 
 
 def run(machine_arn: str, test_case: str) -> tuple[str, list[dict]]:
-    sfn = boto3.client(
-        "stepfunctions",
-        endpoint_url=ENDPOINT,
-        region_name="us-east-1",
-        aws_access_key_id="local",
-        aws_secret_access_key="local",
-    )
+    sfn = local_sfn()
     execution = sfn.start_execution(
         stateMachineArn=f"{machine_arn}#{test_case}",
         name=f"{test_case}-{uuid.uuid4().hex[:8]}",

@@ -9,6 +9,7 @@ due time), lost (neither delivered nor in a state that says why) and dlq_missing
 FAILED task with no dead-letter message holding its error).
 """
 
+import functools
 import json
 import random
 import threading
@@ -44,6 +45,13 @@ class Trial:
     rng: random.Random
     due: dict[str, int] = field(default_factory=dict)  # idempotency key -> due ms
     extra_creations: int = 0  # submissions beyond the first that created a task again
+    _rng_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def roll(self) -> float:
+        """A random number in [0, 1), safe to draw from the runtime's many threads."""
+        with self._rng_lock:
+            return self.rng.random()
+
     exits: ExitStack = field(default_factory=ExitStack)
 
     def body(self, task_id: str, due_ms: int, path: str = "/ok") -> dict[str, Any]:
@@ -115,7 +123,7 @@ class Trial:
         in_dlq = self._dead_letters()
         counts = Counter(tasks=len(items))
         for item in items:
-            key = f"{item['task_id']}:{int(item['version'])}"
+            key = _current(item)
             status = item["status"]
             counts["fired"] += delivered[key] > 0
             counts["failed_to_dlq"] += status == "FAILED"
@@ -158,6 +166,15 @@ def _current(item: dict[str, Any]) -> str:
 # -- the scenarios -------------------------------------------------------------------------
 
 
+def _together(work: list[Callable[[], None]]) -> None:
+    """Run each callable on its own thread, all at once, and wait for them all."""
+    threads = [threading.Thread(target=one) for one in work]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
 def finder_crash(trial: Trial, tasks: int) -> None:
     """The finder dies after StartExecution and before the mark, on 30 % of the tasks."""
     ids = trial.store(tasks, "crash")
@@ -188,11 +205,7 @@ def racing_finders(trial: Trial, tasks: int) -> None:
             barrier.wait()
             trial.runtime.run_finder()
 
-        threads = [threading.Thread(target=run) for _ in range(finders)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        _together([run] * finders)
 
 
 def throttled_starts(trial: Trial, tasks: int) -> None:
@@ -200,12 +213,9 @@ def throttled_starts(trial: Trial, tasks: int) -> None:
     from moto.stepfunctions.parser.models import StepFunctionsParserBackend
 
     start = StepFunctionsParserBackend.start_execution
-    lock = threading.Lock()
 
     def throttled(backend: Any, *args: Any, **kwargs: Any) -> Any:
-        with lock:
-            refuse = trial.rng.random() < 0.5
-        if refuse:
+        if trial.roll() < 0.5:
             raise JsonRESTError("ThrottlingException", "Rate exceeded")
         return start(backend, *args, **kwargs)
 
@@ -221,11 +231,9 @@ def dynamodb_faults(trial: Trial, tasks: int) -> None:
     from moto.dynamodb.models import DynamoDBBackend
 
     update = DynamoDBBackend.update_item
-    lock = threading.Lock()
 
     def flaky(backend: Any, *args: Any, **kwargs: Any) -> Any:
-        with lock:
-            roll = trial.rng.random()
+        roll = trial.roll()
         if roll < 1 / 6:
             raise JsonRESTError("ProvisionedThroughputExceededException", "Slow down")
         if roll < 1 / 3:
@@ -293,14 +301,12 @@ def cancel_and_reschedule_races(trial: Trial, tasks: int) -> None:
         else:
             trial.api("DELETE", f"/tasks/{task_id}")
 
-    threads = [
-        threading.Thread(target=act, args=(i, d, trial.rng.randint(-5, 5), n % 2 == 0))
-        for n, (i, d) in enumerate(plan)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _together(
+        [
+            functools.partial(act, i, d, trial.rng.randint(-5, 5), n % 2 == 0)
+            for n, (i, d) in enumerate(plan)
+        ]
+    )
 
 
 def duplicate_submissions(trial: Trial, tasks: int) -> None:
@@ -317,11 +323,7 @@ def duplicate_submissions(trial: Trial, tasks: int) -> None:
             with lock:
                 created[task_id] += status == 201
 
-    threads = [threading.Thread(target=client) for _ in range(5)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _together([client] * 5)
     trial.extra_creations = sum(max(0, n - 1) for n in created.values())
 
 
