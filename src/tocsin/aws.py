@@ -17,7 +17,12 @@ def _cached(service: str, kind: str, retry_mode: str, max_attempts: int) -> Any:
         max_pool_connections=64,
     )
     factory = boto3.resource if kind == "resource" else boto3.client
-    return factory(service, config=config)
+    made = factory(service, config=config)
+    # botocore builds a client's exception classes on first use, unlocked: two threads there
+    # at once can get different classes, and `except client.exceptions.X` then misses the X
+    # the client raises. Build them now, under the caller's lock.
+    (made.meta.client if kind == "resource" else made).exceptions  # noqa: B018
+    return made
 
 
 def client(service: str, retry_mode: str = "standard", max_attempts: int = 5) -> Any:
