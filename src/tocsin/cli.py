@@ -286,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         args.tasks < 1 or args.spread <= 0 or args.lookahead < 5 or args.finder_interval <= 0
     ):
         parser().error("--tasks >= 1, --spread > 0, --lookahead >= 5 and --finder-interval > 0")
+    if args.command == "chaos" and args.tasks < 5:
+        parser().error("--tasks: at least 5 per scenario (the scenarios split them in fifths)")
     if args.command == "reschedule" and args.at is None and args.payload is None:
         parser().error("reschedule needs --at, --payload or both")
     return int(args.run(args))

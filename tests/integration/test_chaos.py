@@ -33,3 +33,9 @@ def test_chaos_command_prints_one_json_object_last(capsys):
 def test_chaos_command_names_unknown_scenarios(capsys):
     assert main(["chaos", "--scenarios", "meteor"]) == 2
     assert "racing-finders" in capsys.readouterr().err
+
+
+def test_chaos_command_refuses_too_few_tasks(capsys):
+    with pytest.raises(SystemExit) as refused:
+        main(["chaos", "--tasks", "0"])
+    assert refused.value.code == 2 and "--tasks" in capsys.readouterr().err
