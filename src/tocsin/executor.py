@@ -17,6 +17,9 @@ from aws_lambda_powertools.utilities.idempotency import (
     IdempotencyConfig,
     idempotent_function,
 )
+from aws_lambda_powertools.utilities.idempotency.exceptions import (
+    IdempotencyPersistenceLayerError,
+)
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from boto3.dynamodb.types import TypeDeserializer
 from pydantic import BaseModel, ValidationError
@@ -92,18 +95,28 @@ def _deliver_once(task: ClaimedTask) -> dict[str, Any]:
     """Gate and send under the idempotency record (written before the gate, off the clock).
 
     A retry after a success gets the recorded fire time and result back, and does not act.
+    When the record cannot be written, the attempt is retried, unless the send already
+    happened: then the delivery is reported as it is, for a retry would send again.
     """
+    sent: list[dict[str, Any]] = []
 
     def deliver(delivery: dict[str, Any]) -> dict[str, Any]:
         fired_ms = gate.wait_until(task.due_ms)
-        return {"fired_ms": fired_ms, "result": task.target.send(Delivery(**delivery))}
+        sent.append({"fired_ms": fired_ms, "result": task.target.send(Delivery(**delivery))})
+        return sent[0]
 
     once = idempotent_function(
         data_keyword_argument="delivery",
         config=idempotency_config,
         persistence_store=_persistence(settings().idempotency_table),
     )(deliver)
-    return once(delivery=task.delivery().model_dump())
+    try:
+        return once(delivery=task.delivery().model_dump())
+    except IdempotencyPersistenceLayerError as error:
+        if not sent:
+            raise TransientTargetError(f"idempotency store: {error}") from error
+        logger.warning("delivered, but not recorded as delivered", task_id=task.task_id)
+        return sent[0]
 
 
 def _act(task: ClaimedTask) -> dict[str, Any]:

@@ -133,3 +133,29 @@ def test_a_retry_after_success_does_not_act_again(runtime, receiver):
     assert first == second
     assert len(receiver.received()) == 1
     assert stored(ids[0])["attempts"] == 2  # both invocations count; only one acted
+
+
+@pytest.mark.parametrize("write", ["PutItem", "UpdateItem"])
+def test_an_idempotency_store_failure_neither_fails_nor_repeats_the_delivery(
+    runtime, receiver, write
+):
+    """PutItem is the in-progress record, before the send: the attempt is retried.
+    UpdateItem records the result, after the send: the delivery stands as it is."""
+    ids = store_pending(receiver.url, 1, 1500, f"store-{write.lower()}")
+    client = aws.client("dynamodb")  # the executors' idempotency layer shares it
+    failures = []
+
+    def fail_once(params: dict, **_: object) -> None:
+        if params.get("TableName") == settings().idempotency_table and not failures:
+            failures.append(write)
+            raise EndpointConnectionError(endpoint_url="https://dynamodb.us-east-1.amazonaws.com")
+
+    client.meta.events.register(f"before-parameter-build.dynamodb.{write}", fail_once)
+    try:
+        runtime.run_finder()
+        item = wait_for_status(ids[0], {"SUCCEEDED", "FAILED"})
+    finally:
+        client.meta.events.unregister(f"before-parameter-build.dynamodb.{write}", fail_once)
+    assert failures == [write]
+    assert item["status"] == "SUCCEEDED"
+    assert [a.task_id for a in receiver.received()] == ids
