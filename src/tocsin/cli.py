@@ -72,9 +72,14 @@ def _serve(args: argparse.Namespace) -> int:
     # A failed task shows as FAILED, with its error, in the API: not as moto's traceback.
     logging.getLogger("moto.stepfunctions").setLevel(logging.CRITICAL)
     parameters = {"LookAheadSeconds": str(args.lookahead)}
-    runtime = EmbeddedRuntime(parameters, finder_interval_s=args.finder_interval)
+    runtime = EmbeddedRuntime(
+        parameters, finder_interval_s=args.finder_interval, state_file=args.state
+    )
     with runtime, serving(runtime, args.port) as url:
         print(f"Tocsin API on {url} (caller: X-Tocsin-Principal header). Ctrl-C stops.")
+        if args.state:
+            requeued = len(runtime.requeued)
+            print(f"  state in {args.state}, saved at the stop ({requeued} tasks requeued)")
         print(f"  export TOCSIN_URL={url}", flush=True)
         try:
             threading.Event().wait()
@@ -259,6 +264,11 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (8765)")
     serve.add_argument("--lookahead", type=int, default=20, help="finder look-ahead, s (20)")
     serve.add_argument("--finder-interval", type=float, default=5.0, help="finder ticker, s (5)")
+    serve.add_argument(
+        "--state",
+        type=Path,
+        help="keep tasks across restarts in this file (restored at start, saved at stop)",
+    )
     serve.set_defaults(run=_serve)
 
     chaos = commands.add_parser("chaos", help="inject faults locally, then judge every task")

@@ -213,3 +213,37 @@ class TaskStore:
         except self._conditional_failed:
             return None
         return reply["Attributes"]
+
+    def in_status(self, *statuses: TaskStatus) -> Iterator[dict[str, Any]]:
+        """Every task in one of `statuses`, by a full scan: for recovery, never on a hot path."""
+        scan: dict[str, Any] = {"FilterExpression": Attr("status").is_in(list(statuses))}
+        while True:
+            page = self._table.scan(ConsistentRead=True, **scan)
+            yield from page.get("Items", [])
+            if "LastEvaluatedKey" not in page:
+                return
+            scan["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    def requeue(self, task_id: str, version: int, index_keys: dict[str, Any], now_iso: str) -> bool:
+        """A SCHEDULED or RUNNING task whose execution is gone back to PENDING, in the due
+        index at the same version: its idempotency record still stands for that version."""
+        try:
+            self._table.update_item(
+                Key={"task_id": task_id},
+                UpdateExpression="SET #s = :pending, updated_at = :now, gsi_pk = :pk, "
+                "gsi_due_ms = :due REMOVE execution_arn, claimed_by",
+                ConditionExpression="#s IN (:scheduled, :running) AND #v = :v",
+                ExpressionAttributeNames={"#s": "status", "#v": "version"},
+                ExpressionAttributeValues={
+                    ":pending": TaskStatus.PENDING.value,
+                    ":scheduled": TaskStatus.SCHEDULED.value,
+                    ":running": TaskStatus.RUNNING.value,
+                    ":v": version,
+                    ":now": now_iso,
+                    ":pk": index_keys["gsi_pk"],
+                    ":due": index_keys["gsi_due_ms"],
+                },
+            )
+        except self._conditional_failed:
+            return False
+        return True

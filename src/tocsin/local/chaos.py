@@ -12,12 +12,14 @@ FAILED task with no dead-letter message holding its error).
 import functools
 import json
 import random
+import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -45,14 +47,15 @@ class Trial:
     rng: random.Random
     due: dict[str, int] = field(default_factory=dict)  # idempotency key -> due ms
     extra_creations: int = 0  # submissions beyond the first that created a task again
+    notes: dict[str, Any] = field(default_factory=dict)  # what a scenario saw, reported as is
+    runtimes: ExitStack = field(default_factory=ExitStack)  # this runtime, and any restarted
+    exits: ExitStack = field(default_factory=ExitStack)  # the scenario's faults
     _rng_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def roll(self) -> float:
         """A random number in [0, 1), safe to draw from the runtime's many threads."""
         with self._rng_lock:
             return self.rng.random()
-
-    exits: ExitStack = field(default_factory=ExitStack)
 
     def body(self, task_id: str, due_ms: int, path: str = "/ok") -> dict[str, Any]:
         return {
@@ -64,20 +67,21 @@ class Trial:
         }
 
     def plan(self, count: int, prefix: str, spread_ms: int = 3000) -> list[tuple[str, int]]:
+        """Ids and due times from LEAD_IN_MS ahead, at random over `spread_ms`."""
         start = clock.now_ms() + LEAD_IN_MS
         plan = [(f"{prefix}-{i}", start + self.rng.randrange(spread_ms)) for i in range(count)]
         for task_id, due_ms in plan:
             self.due[f"{task_id}:1"] = due_ms
         return plan
 
-    def store(self, count: int, prefix: str, path: str = "/ok") -> list[str]:
+    def store(self, count: int, prefix: str, path: str = "/ok", spread_ms: int = 3000) -> list[str]:
         """PENDING tasks written straight to the table, for the finder to find; `path` may
         hold `{id}`, the task's id."""
         from tocsin.store import TaskStore
         from tocsin.submit import new_item
 
         store, now = TaskStore(settings().tasks_table), clock.now_ms()
-        plan = self.plan(count, prefix)
+        plan = self.plan(count, prefix, spread_ms)
         for task_id, due_ms in plan:
             body = self.body(task_id, due_ms, path.format(id=task_id))
             store.create(new_item(body, "chaos", now, settings()))
@@ -87,6 +91,15 @@ class Trial:
         raw = None if body is None else json.dumps(body)
         reply = self.runtime.invoke("ApiFunction", api_event(method, target, raw, "chaos"))
         return int(reply["statusCode"]), json.loads(reply["body"])
+
+    def restart(self) -> None:
+        """Stop the runtime (it saves its state) and start another on that state."""
+        self.runtime.stop()
+        saved = json.loads(self.runtime.state_file.read_text())  # type: ignore[union-attr]
+        self.notes["at_stop"] = dict(
+            Counter(item["status"]["S"] for item in saved["tables"]["TasksTable"])
+        )
+        self.runtime = self.runtimes.enter_context(_runtime(self.runtime.state_file))
 
     def finder_until_done(self, runs: int = 30) -> None:
         """Run the finder until nothing due is left PENDING; a crashed run is run again."""
@@ -101,14 +114,18 @@ class Trial:
     def settle(self, timeout_s: float = 90) -> None:
         """Wait until every task is final (or the time is up) and no execution runs."""
         deadline = time.monotonic() + timeout_s
-        table = boto3.resource("dynamodb").Table(settings().tasks_table)
         while time.monotonic() < deadline:
-            statuses = {item["status"] for item in table.scan()["Items"]}
+            statuses = set(self.statuses())
             if statuses <= {"SUCCEEDED", "FAILED", "CANCELLED"} and not self._running():
                 return
             if "PENDING" in statuses:
                 self.finder_until_done(runs=1)
             time.sleep(0.2)
+
+    def statuses(self) -> Counter[str]:
+        """How many tasks are in each status now."""
+        items = boto3.resource("dynamodb").Table(settings().tasks_table).scan()["Items"]
+        return Counter(item["status"] for item in items)
 
     def _running(self) -> bool:
         return any(e.status == "RUNNING" for e in self.runtime.executions())
@@ -309,6 +326,19 @@ def cancel_and_reschedule_races(trial: Trial, tasks: int) -> None:
     )
 
 
+def restart(trial: Trial, tasks: int) -> None:
+    """The runtime stops mid-run, with tasks fired, in their gate (RUNNING), waiting
+    (SCHEDULED) and not yet found (PENDING), then starts again on the same state."""
+    dispatched = trial.store(tasks - tasks // 4, "restart", spread_ms=8000)
+    trial.finder_until_done()
+    trial.store(tasks // 4, "unfound")  # overdue by the restart: they fire at once, late
+    last_due = max(trial.due[f"{task_id}:1"] for task_id in dispatched)
+    while len(trial.receiver.received()) < len(dispatched) // 4 and clock.now_ms() < last_due:
+        time.sleep(0.05)
+    trial.restart()
+    trial.finder_until_done()
+
+
 def duplicate_submissions(trial: Trial, tasks: int) -> None:
     """Five clients submit the same ids with the same bodies, all at once."""
     plan = trial.plan(max(1, tasks // 5), "dup")
@@ -335,8 +365,13 @@ SCENARIOS: dict[str, Callable[[Trial, int], None]] = {
     "executor-faults": executor_faults,
     "webhook-faults": webhook_faults,
     "cancel-reschedule": cancel_and_reschedule_races,
+    "restart": restart,
     "duplicate-submissions": duplicate_submissions,
 }
+
+
+def _runtime(state_file: Path) -> EmbeddedRuntime:
+    return EmbeddedRuntime({"LogLevel": "ERROR"}, finder_interval_s=None, state_file=state_file)
 
 
 @contextmanager
@@ -347,21 +382,23 @@ def trial(seed: int) -> Iterator[Trial]:
     with (
         mock.patch.dict("os.environ", {"WEBHOOK_TIMEOUT_SECONDS": "5"}),
         WebhookReceiver(hang_s=6) as receiver,
-        EmbeddedRuntime({"LogLevel": "ERROR"}, finder_interval_s=None) as runtime,
+        tempfile.TemporaryDirectory(prefix="tocsin-chaos-") as folder,
+        ExitStack() as runtimes,
     ):
-        world = Trial(runtime, receiver, random.Random(seed))
+        runtime = runtimes.enter_context(_runtime(Path(folder) / "state.json"))
+        world = Trial(runtime, receiver, random.Random(seed), runtimes=runtimes)
         with world.exits:
             yield world
 
 
-def run_scenario(name: str, tasks: int, seed: int = 7) -> dict[str, int]:
+def run_scenario(name: str, tasks: int, seed: int = 7) -> dict[str, Any]:
     """Run one scenario on a fresh runtime and judge every task."""
     with trial(seed) as world:
         SCENARIOS[name](world, tasks)
         world.settle()  # the tasks fire with the fault still on
         world.exits.close()  # then it is off: anything left runs as after a recovery
         world.settle()
-        return world.judge()
+        return {**world.judge(), **world.notes}
 
 
 def main(names: list[str], tasks: int, seed: int, as_json: bool) -> int:
@@ -375,7 +412,7 @@ def main(names: list[str], tasks: int, seed: int, as_json: bool) -> int:
     # moto logs every failed execution with its state tree: the judge reports them instead.
     logging.getLogger("moto").setLevel(logging.CRITICAL)
     console = Console(stderr=as_json)
-    results: dict[str, dict[str, int]] = {}
+    results: dict[str, dict[str, Any]] = {}
     with Progress(console=console, transient=True) as progress:
         bar = progress.add_task("scenarios", total=len(names))
         for name in names:
@@ -392,5 +429,8 @@ def main(names: list[str], tasks: int, seed: int, as_json: bool) -> int:
     for name, result in results.items():
         table.add_row(name, *(str(result[k]) for k in JUDGED))
     console.print(table)
+    for name, result in results.items():
+        if "at_stop" in result:
+            console.print(f"{name}: tasks by status at the stop {result['at_stop']}")
     console.print("no task duplicated, early or lost" if not holes else f"{holes} problems")
     return 1 if holes else 0

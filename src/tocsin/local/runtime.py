@@ -16,6 +16,9 @@
   polls the mapped queues itself, as Lambda does (see `tocsin.local.queues`).
 * The finder runs on a ticker, with a shorter interval and look-ahead than on AWS; its
   schedule rule loses its target (moto would match it against every PutEvents event).
+* With a `state_file`, a stop lets running invocations finish, then saves the tables,
+  queues and secrets; the next start restores them and requeues the tasks whose
+  executions were lost (see `tocsin.local.state`).
 """
 
 import copy
@@ -36,6 +39,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+from tocsin.local import state
 from tocsin.local.queues import QueueMapping, poll, take_over_mappings
 
 ACCOUNT_ID = "123456789012"
@@ -133,6 +137,7 @@ class EmbeddedRuntime:
         parameters: dict[str, str] | None = None,
         finder_interval_s: float | None = 5.0,
         root: Path | None = None,
+        state_file: Path | None = None,
     ):
         self.root = root or project_root()
         self.parameters = {**LOCAL_PARAMETERS, **(parameters or {})}
@@ -144,6 +149,11 @@ class EmbeddedRuntime:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._queue_mappings: list[QueueMapping] = []
+        self.state_file = state_file
+        self.requeued: list[str] = []  # tasks whose executions a restart had lost
+        self._invoking = 0  # Lambda invocations under way for executions
+        self._invocations_done = threading.Condition()
+        self._stopped = False
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -183,8 +193,13 @@ class EmbeddedRuntime:
         self._forget_process_caches()
         template, self._code_dirs = translate(self.root / "template.yaml", self.parameters)
         stack, self._substitutions = create_stack(template, self.parameters)
+        saved = state.load(self.state_file) if self.state_file else None
+        if saved:
+            state.restore(STACK_NAME, saved)
         self._install_functions(template, stack)
         self._create_state_machine(template, stack)
+        if saved:
+            self.requeued = state.requeue_interrupted()
         self.outputs = {o["OutputKey"]: o["OutputValue"] for o in self._describe_outputs()}
         by_arn = {function.arn: function.logical_id for function in self.functions.values()}
         self._queue_mappings = take_over_mappings(by_arn)
@@ -196,11 +211,17 @@ class EmbeddedRuntime:
                 self._threads.append(thread)
 
     def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
         self._stop.set()
         for thread in self._threads:
             thread.join()
         if self.outputs:
             self._stop_executions()
+            if self.state_file:
+                self._drain_invocations()
+                state.save(self.state_file, state.snapshot(STACK_NAME))
         self._exits.close()
         self._forget_process_caches()
 
@@ -389,6 +410,8 @@ class EmbeddedRuntime:
         if function is None:  # a user's target function: record what it was sent
             self.foreign_invocations.append((name, event))
             return b""
+        with self._invocations_done:
+            self._invoking += 1
         try:
             return json.dumps(self.invoke(function.logical_id, event)).encode()
         except Exception as error:
@@ -396,6 +419,18 @@ class EmbeddedRuntime:
             return json.dumps(
                 {"errorType": type(error).__name__, "errorMessage": str(error)}
             ).encode()
+        finally:
+            with self._invocations_done:
+                self._invoking -= 1
+                self._invocations_done.notify_all()
+
+    def _drain_invocations(self) -> None:
+        """Let invocations under way finish, as Lambda would: what they did is then saved
+        with the rest, and their stopped executions take no further step."""
+        longest = max(function.timeout_s for function in self.functions.values())
+        with self._invocations_done:
+            if not self._invocations_done.wait_for(lambda: self._invoking == 0, longest):
+                log.warning("%d invocations still running at the stop", self._invoking)
 
     def _sfn_backend(self) -> Any:
         from moto.stepfunctions.parser.models import stepfunctions_parser_backends

@@ -1,0 +1,115 @@
+"""What the embedded runtime keeps across a restart: its tables, queue messages and secrets.
+
+On AWS the services hold this state; locally it lives in moto, in memory, and would die
+with the process. A snapshot keys every table and queue by its logical id in the
+template, since moto names them with a random suffix per stack. Executions cannot be
+kept: a task they held (SCHEDULED, or RUNNING in its executor) is put back in the due
+index at the same version, and the finder starts it again. A RUNNING task may have
+acted before the stop; its executor's idempotency record, restored with the tables,
+turns the second run into a replay of the recorded result.
+"""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import boto3
+
+from tocsin import clock
+from tocsin.model import TaskStatus
+from tocsin.settings import settings
+from tocsin.store import TaskStore
+from tocsin.submit import due_index_keys
+
+BATCH = 25  # BatchWriteItem's limit
+
+
+def snapshot(stack_name: str) -> dict[str, Any]:
+    """Every item of the stack's tables, every message of its queues, its secrets' values."""
+    tables, queues = _resources(stack_name)
+    dynamodb = boto3.client("dynamodb")
+    state: dict[str, Any] = {"tables": {}, "queues": {}, "secrets": {}}
+    for logical_id, name in tables.items():
+        pages = dynamodb.get_paginator("scan").paginate(TableName=name, ConsistentRead=True)
+        state["tables"][logical_id] = [item for page in pages for item in page["Items"]]
+    for logical_id, url in queues.items():
+        state["queues"][logical_id] = [
+            {"body": m.body, "attributes": m.message_attributes} for m in _queue(url)._messages
+        ]
+    client = boto3.client("secretsmanager")
+    for secret in client.list_secrets()["SecretList"]:
+        value = client.get_secret_value(SecretId=secret["ARN"])["SecretString"]
+        state["secrets"][secret["Name"]] = value
+    return state
+
+
+def restore(stack_name: str, state: dict[str, Any]) -> None:
+    """Put a snapshot's items, messages and secret values into a freshly created stack."""
+    tables, queues = _resources(stack_name)
+    dynamodb = boto3.client("dynamodb")
+    for logical_id, items in state["tables"].items():
+        for start in range(0, len(items), BATCH):
+            writes = [{"PutRequest": {"Item": item}} for item in items[start : start + BATCH]]
+            dynamodb.batch_write_item(RequestItems={tables[logical_id]: writes})
+    for logical_id, messages in state["queues"].items():
+        url = queues[logical_id]
+        backend, name = _sqs_backend(url), url.rsplit("/", 1)[1]
+        for message in messages:
+            backend.send_message(name, message["body"], message_attributes=message["attributes"])
+    client = boto3.client("secretsmanager")
+    for name, value in state["secrets"].items():
+        client.put_secret_value(SecretId=name, SecretString=value)
+
+
+def requeue_interrupted() -> list[str]:
+    """Tasks whose executions died with the last runtime, back to PENDING at their version;
+    their ids."""
+    config = settings()
+    store, now_iso = TaskStore(config.tasks_table), clock.to_iso(clock.now_ms())
+    requeued = []
+    for item in store.in_status(TaskStatus.SCHEDULED, TaskStatus.RUNNING):
+        keys = due_index_keys(item["task_id"], int(item["due_ms"]), config)
+        if store.requeue(item["task_id"], int(item["version"]), keys, now_iso):
+            requeued.append(item["task_id"])
+    return requeued
+
+
+def load(path: Path) -> dict[str, Any] | None:
+    """A snapshot saved by `save`, or None when there is none yet."""
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
+def save(path: Path, state: dict[str, Any]) -> None:
+    """Write a snapshot whole, or not at all: a crash mid-write leaves the last one."""
+    partial = path.with_suffix(path.suffix + ".partial")
+    partial.write_text(json.dumps(state))
+    partial.replace(path)
+
+
+def _resources(stack_name: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The stack's tables (logical id -> name) and queues (logical id -> URL)."""
+    tables, queues = {}, {}
+    client = boto3.client("cloudformation")
+    for resource in client.describe_stack_resources(StackName=stack_name)["StackResources"]:
+        kind = resource.get("ResourceType")
+        if kind == "AWS::DynamoDB::Table":
+            tables[resource["LogicalResourceId"]] = resource["PhysicalResourceId"]
+        elif kind == "AWS::SQS::Queue":
+            queues[resource["LogicalResourceId"]] = resource["PhysicalResourceId"]
+    return tables, queues
+
+
+def _sqs_backend(url: str) -> Any:
+    """moto's SQS of the queue at `url` (https://sqs.<region>.amazonaws.com/<account>/<name>)."""
+    from moto.sqs.models import sqs_backends
+
+    region = url.split("/")[2].split(".")[1]
+    account = url.split("/")[3]
+    return sqs_backends[account][region]
+
+
+def _queue(url: str) -> Any:
+    """moto's queue: its messages whether visible or not (in flight ones count too)."""
+    return _sqs_backend(url).get_queue(url.rsplit("/", 1)[1])

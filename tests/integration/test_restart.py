@@ -1,0 +1,102 @@
+"""The embedded runtime stopped mid-run and started again on its saved state."""
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import boto3
+
+from tests.conftest import stored, wait_for_status, webhook_task
+from tocsin import Client, clock
+from tocsin.local.runtime import EmbeddedRuntime
+from tocsin.settings import settings
+from tocsin.submit import submit_task
+
+LOOK_AHEAD = {"LookAheadSeconds": "10"}
+ROOT = Path(__file__).parents[2]
+
+
+def secret() -> str:
+    client = boto3.client("secretsmanager")
+    return client.get_secret_value(SecretId=settings().webhook_secret_arn)["SecretString"]
+
+
+def test_a_restart_fires_every_task_once_whatever_state_it_was_in(tmp_path, receiver):
+    state_file = tmp_path / "state.json"
+    due = {"done": 2500, "running": 6000, "waiting": 9000, "later": 13_000}
+    with EmbeddedRuntime(LOOK_AHEAD, finder_interval_s=None, state_file=state_file):
+        start = clock.now_ms()
+        for task_id, offset in due.items():
+            submit_task(webhook_task(receiver.url, start + offset, task_id), owner="alice")
+        wait_for_status("done", {"SUCCEEDED"})
+        time.sleep(max(0, start + 4600 - clock.now_ms()) / 1000)
+        signing_secret = secret()
+    saved = json.loads(state_file.read_text())["tables"]["TasksTable"]
+    at_stop = {item["task_id"]["S"]: item["status"]["S"] for item in saved}
+    assert at_stop == {
+        "done": "SUCCEEDED",
+        "running": "RUNNING",  # in the gate: its delivery finished before the save
+        "waiting": "SCHEDULED",
+        "later": "PENDING",
+    }
+
+    with EmbeddedRuntime(LOOK_AHEAD, finder_interval_s=None, state_file=state_file) as again:
+        assert sorted(again.requeued) == ["running", "waiting"]
+        assert secret() == signing_secret
+        assert again.run_finder()["started"] == 3
+        for task_id in due:
+            wait_for_status(task_id, {"SUCCEEDED"})
+        assert int(stored("running")["attempts"]) == 2  # the second attempt replayed the first
+
+    arrivals = receiver.received()
+    assert sorted(a.task_id for a in arrivals) == sorted(due)
+    assert all(a.arrival_ms >= start + due[a.task_id] for a in arrivals)
+
+
+def test_without_a_state_file_nothing_is_kept(tmp_path, receiver):
+    with EmbeddedRuntime(LOOK_AHEAD, finder_interval_s=None):
+        submit_task(webhook_task(receiver.url, clock.now_ms() + 60_000, "gone"), owner="alice")
+    with EmbeddedRuntime(LOOK_AHEAD, finder_interval_s=None, state_file=tmp_path / "s.json"):
+        table = boto3.resource("dynamodb").Table(settings().tasks_table)
+        assert table.scan()["Items"] == []
+
+
+def serve(state_file, port: int) -> subprocess.Popen:
+    command = [sys.executable, "-m", "tocsin.cli", "serve", "--port", str(port)]
+    command += ["--state", str(state_file)]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert server.stdout is not None
+    assert server.stdout.readline().startswith("Tocsin API on")
+    return server
+
+
+def stop(server: subprocess.Popen) -> None:
+    server.send_signal(signal.SIGINT)
+    assert server.wait(timeout=60) == 0
+
+
+def test_serve_keeps_tasks_across_a_restart(tmp_path):
+    state_file, port = tmp_path / "tocsin.json", free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = serve(state_file, port)
+    try:
+        task = Client(url, principal="alice").submit(
+            type="sns", target={"topic_arn": "arn:aws:sns:us-east-1:123456789012:t"}, delay=3600
+        )
+    finally:
+        stop(server)
+    server = serve(state_file, port)
+    try:
+        assert Client(url, principal="alice").get(task.id) == task
+    finally:
+        stop(server)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
