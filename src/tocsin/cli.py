@@ -239,6 +239,20 @@ def _chaos(args: argparse.Namespace) -> int:
     return chaos.main(names, args.tasks, args.seed, args.json)
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from tocsin.local import bench
+
+    known = {**bench.SCENARIOS, **bench.STRETCH}
+    names = args.scenarios.split(",") if args.scenarios else list(bench.SCENARIOS)
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        print(
+            f"unknown scenario {', '.join(unknown)}; there are: {', '.join(known)}", file=sys.stderr
+        )
+        return 2
+    return bench.main(names, args.scale, args.seed, args.json, args.plot, args.cost)
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="tocsin", description=__doc__)
     commands = root.add_subparsers(dest="command", required=True)
@@ -278,6 +292,18 @@ def parser() -> argparse.ArgumentParser:
     chaos.add_argument("--json", action="store_true", help="print the results as JSON, last line")
     chaos.set_defaults(run=_chaos)
 
+    bench = commands.add_parser("bench", help="measure precision and throughput locally")
+    bench.add_argument(
+        "--scenarios",
+        help="comma-separated: spread, burst, finder-scale, throttled (all), burst-1000",
+    )
+    bench.add_argument("--scale", type=float, default=1.0, help="fraction of the full sizes (1)")
+    bench.add_argument("--seed", type=int, default=7, help="random seed (7)")
+    bench.add_argument("--json", action="store_true", help="print the results as JSON, last line")
+    bench.add_argument("--plot", metavar="FILE.png", help="draw lateness histograms to this file")
+    bench.add_argument("--cost", action="store_true", help="count billed usage, price it")
+    bench.set_defaults(run=_bench)
+
     redrive = commands.add_parser(
         "redrive", help="FAILED tasks on the dead-letter queue back to PENDING, next version"
     )
@@ -296,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         args.tasks < 1 or args.spread <= 0 or args.lookahead < 5 or args.finder_interval <= 0
     ):
         parser().error("--tasks >= 1, --spread > 0, --lookahead >= 5 and --finder-interval > 0")
+    if args.command == "bench" and not 0 < args.scale <= 1:
+        parser().error("--scale: a fraction in (0, 1]")
     if args.command == "chaos" and args.tasks < 5:
         parser().error("--tasks: at least 5 per scenario (the scenarios split them in fifths)")
     if args.command == "reschedule" and args.at is None and args.payload is None:

@@ -42,16 +42,44 @@ class Outcome(StrEnum):
     DEFERRED = "deferred"  # not attempted: the time budget ran out first
 
 
-def execution_input(task: DueTask, settings: Settings) -> dict[str, Any]:
-    """The execution input; derived from the task alone, so a repeated start is identical."""
+def execution_input(task: DueTask, settings: Settings, stagger_s: int = 0) -> dict[str, Any]:
+    """The execution input: the task's, and its wake time, `stagger_s` before its own."""
     return {
         "task_id": task.task_id,
         "version": task.version,
         "due_ms": task.due_ms,
         "due_at": clock.to_iso(task.due_ms),
-        "wake_at": clock.to_iso_second(task.due_ms - settings.lead_ms),
+        "wake_at": clock.to_iso_second(wake_ms(task, settings) - stagger_s * 1000),
         "expires_at": task.due_ms // 1000 + settings.retention_days * 86_400,
     }
+
+
+def wake_ms(task: DueTask, settings: Settings) -> int:
+    """The second the task's execution wakes unless staggered: the lead before due, floored."""
+    wake = task.due_ms - settings.lead_ms
+    return wake - wake % 1000
+
+
+# An executor sleeps the lead plus its stagger in the gate, then sends: with a 30 s function
+# timeout and a 10 s webhook timeout, a wake at most this much earlier still fits.
+MAX_STAGGER_S = 12
+
+
+def staggers(tasks: list[DueTask], settings: Settings, now_ms: int) -> dict[DueTask, int]:
+    """Seconds each task wakes before its own wake second, so that no second wakes more than
+    `wakes_per_second`: a crowded second overflows to the ones before it (never before now,
+    nor more than MAX_STAGGER_S early). Only the gates then release together."""
+    woken: Counter[int] = Counter()
+    stagger = {}
+    for task in sorted(tasks):
+        own = wake_ms(task, settings) // 1000
+        second = own
+        earliest = max(own - MAX_STAGGER_S, now_ms // 1000)
+        while woken[second] >= settings.wakes_per_second and second > earliest:
+            second -= 1
+        woken[second] += 1
+        stagger[task] = own - second
+    return stagger
 
 
 def _execution_arn(state_machine_arn: str, name: str) -> str:
@@ -70,14 +98,14 @@ def _sfn() -> Any:
     return aws.client("stepfunctions", retry_mode="standard", max_attempts=SFN_RETRIES)
 
 
-def dispatch(task: DueTask, settings: Settings, store: TaskStore) -> Outcome:
+def dispatch(task: DueTask, settings: Settings, store: TaskStore, stagger_s: int = 0) -> Outcome:
     """Start the task's execution, then mark it SCHEDULED."""
     sfn = _sfn()
     try:
         arn = sfn.start_execution(
             stateMachineArn=settings.state_machine_arn,
             name=task.execution_name,
-            input=json.dumps(execution_input(task, settings), sort_keys=True),
+            input=json.dumps(execution_input(task, settings, stagger_s), sort_keys=True),
         )["executionArn"]
         outcome = Outcome.STARTED
     except sfn.exceptions.ExecutionAlreadyExists:
@@ -110,13 +138,15 @@ class DispatchReport:
 
 
 def dispatch_all(tasks: list[DueTask], settings: Settings, deadline: float) -> DispatchReport:
-    """Dispatch earliest first, in parallel, until `deadline` (a time.monotonic() value)."""
+    """Dispatch earliest first, in parallel, until `deadline` (a time.monotonic() value);
+    tasks due together wake staggered."""
     store = TaskStore(settings.tasks_table)
+    stagger = staggers(tasks, settings, clock.now_ms())
 
     def one(task: DueTask) -> Outcome:
         if time.monotonic() >= deadline:
             return Outcome.DEFERRED
-        return dispatch(task, settings, store)
+        return dispatch(task, settings, store, stagger[task])
 
     with ThreadPoolExecutor(max_workers=settings.dispatch_workers) as pool:
         outcomes = Counter(pool.map(one, sorted(tasks)))

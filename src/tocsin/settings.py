@@ -17,6 +17,7 @@ class Settings(BaseModel):
     lookahead_s: int = Field(180, alias="LOOKAHEAD_SECONDS", ge=1)
     lead_ms: int = Field(2000, alias="LEAD_MS", ge=0)
     shards: int = Field(8, alias="SHARD_COUNT", ge=1, le=64)
+    wakes_per_second: int = Field(300, alias="WAKES_PER_SECOND", ge=1)
     retention_days: int = Field(30, alias="RETENTION_DAYS", ge=1)
     horizon_days: int = Field(365, alias="HORIZON_DAYS", ge=1)
     finder_budget_s: float = Field(45, alias="FINDER_BUDGET_SECONDS", gt=0)

@@ -1,9 +1,10 @@
 """Milliseconds survive every conversion; the gate never lets go early; wake is floored."""
 
+from collections import Counter
 from datetime import UTC, datetime
 
 from tocsin import clock, gate
-from tocsin.dispatch import DueTask, execution_input
+from tocsin.dispatch import MAX_STAGGER_S, DueTask, execution_input, staggers
 from tocsin.settings import Settings
 
 
@@ -33,3 +34,25 @@ def test_wake_is_the_lead_before_due_floored_to_the_second():
     assert started["wake_at"].endswith(":59Z")
     assert task.execution_name == "t-v3"
     assert started["expires_at"] == 1_800_000_001 + 30 * 86_400
+
+
+def test_a_crowded_due_second_wakes_over_the_seconds_before_it():
+    config = Settings(LEAD_MS=2000, WAKES_PER_SECOND=3)
+    due = 1_800_000_010_000
+    burst = [DueTask(due + i * 7, f"b{i}", 1) for i in range(8)]
+    alone = DueTask(due + 60_000, "alone", 1)
+    stagger = staggers([*burst, alone], config, now_ms=due - 30_000)
+    assert [stagger[task] for task in burst] == [0, 0, 0, 1, 1, 1, 2, 2]
+    assert stagger[alone] == 0
+    woken = Counter(execution_input(t, config, stagger[t])["wake_at"] for t in burst)
+    assert max(woken.values()) == 3 and len(woken) == 3
+
+
+def test_staggered_wakes_never_fall_before_now_nor_too_early():
+    config = Settings(LEAD_MS=2000, WAKES_PER_SECOND=1)
+    due = 1_800_000_010_000
+    burst = [DueTask(due, f"b{i}", 1) for i in range(40)]
+    close = staggers(burst, config, now_ms=due - 4000)  # wake second is due - 2 s: 2 s to spare
+    assert max(close.values()) == 2
+    far = staggers(burst, config, now_ms=due - 600_000)
+    assert max(far.values()) == MAX_STAGGER_S

@@ -4,6 +4,7 @@ import http.server
 import socket
 import ssl
 import threading
+import time
 
 import pytest
 import trustme
@@ -27,8 +28,13 @@ def https_server(tmp_path, monkeypatch):
     monkeypatch.setenv("WEBHOOK_ALLOWED_HOSTS", "hooks.test,other.test")
     settings.cache_clear()
     seen: list[tuple[str, bytes]] = []
+    connections: list[object] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
+        def setup(self) -> None:
+            connections.append(self.client_address)
+            super().setup()
+
         def do_POST(self) -> None:
             seen.append(
                 (self.headers["Host"], self.rfile.read(int(self.headers["Content-Length"])))
@@ -48,21 +54,34 @@ def https_server(tmp_path, monkeypatch):
     port = server.server_port
     answer = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
     monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: answer)
-    yield port, seen
+    yield port, seen, connections
     server.shutdown()
     settings.cache_clear()
 
 
 def test_https_post_reaches_the_named_host_over_verified_tls(https_server):
-    port, seen = https_server
+    port, seen, _ = https_server
     target = WebhookTarget(url=f"https://hooks.test:{port}/in?x=1")
     target.prepare()
     assert target.send(DELIVERY) == {"status": 204}
     assert seen == [(f"hooks.test:{port}", b'{"a":1}')]
 
 
+def test_the_connection_is_open_before_the_gate_and_the_send_uses_it(https_server):
+    """TCP and TLS handshakes happen in prepare(), so they do not count as lateness."""
+    port, seen, connections = https_server
+    target = WebhookTarget(url=f"https://hooks.test:{port}/in")
+    target.prepare()
+    deadline = time.monotonic() + 5
+    while not connections and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(connections) == 1 and seen == []
+    assert target.send(DELIVERY) == {"status": 204}
+    assert len(connections) == 1 and len(seen) == 1
+
+
 def test_a_certificate_for_another_name_is_refused(https_server):
-    port, seen = https_server
+    port, seen, _ = https_server
     target = WebhookTarget(url=f"https://other.test:{port}/in")
     target.prepare()
     with pytest.raises(PermanentTargetError, match=r"doesn't match 'hooks\.test'"):

@@ -1,8 +1,12 @@
 """A webhook receiver on 127.0.0.1: the stopwatch at the far end, where lateness is measured."""
 
+import json
+import subprocess
+import sys
 import threading
 import time
-from dataclasses import dataclass
+import urllib.request
+from dataclasses import asdict, dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
@@ -21,6 +25,7 @@ class Arrival:
 
 
 Reply = int | Literal["hang", "close"]
+ARRIVALS_PATH = "/_arrivals"
 
 
 class WebhookReceiver:
@@ -104,7 +109,54 @@ class WebhookReceiver:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
+            def do_GET(self) -> None:
+                """`/_arrivals`: what arrived so far, as JSON (for ReceiverProcess)."""
+                if self.path != ARRIVALS_PATH:
+                    self.send_error(404)
+                    return
+                listed = [
+                    {**asdict(a), "body": a.body.decode("latin-1")} for a in receiver.received()
+                ]
+                answer = json.dumps(listed).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
             def log_message(self, *args: Any) -> None:
                 """Quiet: the demo reports arrivals itself."""
 
         return Handler
+
+
+class ReceiverProcess:
+    """A WebhookReceiver in a process of its own, answering 200 to every POST.
+
+    On AWS the receiver is another machine; here, in the scheduler's process, it would
+    share its interpreter lock, and a busy scheduler would delay the stopwatch as well.
+    """
+
+    def __enter__(self) -> "ReceiverProcess":
+        command = [sys.executable, "-m", "tocsin.local.receiver"]
+        self._process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert self._process.stdout is not None
+        self.url = self._process.stdout.readline().strip()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._process.stdin is not None
+        self._process.stdin.close()  # the child serves until its stdin closes
+        self._process.wait(timeout=10)
+
+    def received(self) -> list[Arrival]:
+        with urllib.request.urlopen(self.url + ARRIVALS_PATH, timeout=30) as reply:
+            listed = json.load(reply)
+        return [Arrival(**{**a, "body": a["body"].encode("latin-1")}) for a in listed]
+
+
+if __name__ == "__main__":
+    with WebhookReceiver() as serving:
+        print(serving.url, flush=True)
+        sys.stdin.read()

@@ -21,17 +21,19 @@
   executions were lost (see `tocsin.local.state`).
 """
 
-import copy
+import functools
 import importlib.util
 import io
 import json
 import logging
+import math
 import os
 import secrets
 import threading
 import time
 import warnings
 import zipfile
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -48,9 +50,14 @@ STACK_NAME = "tocsin"
 ARTIFACT_BUCKET = "tocsin-local-artifacts"
 ARTIFACT_KEY = "code.zip"
 
-# Local defaults: a quick finder so the demo shows both paths within a minute.
+# Local defaults: a quick finder so the demo shows both paths within a minute. One process
+# runs everything here (moto costs tens of ms of CPU per execution, under one GIL): a longer
+# lead lets a busy runtime still reach the gate in time, and fewer wakes per second keep
+# a burst's claims apart.
 LOCAL_PARAMETERS = {
     "LookAheadSeconds": "20",
+    "LeadMilliseconds": "5000",
+    "WakesPerSecond": "15",
     "WebhookAllowedHosts": "127.0.0.1,localhost",
     "LogLevel": "WARNING",
 }
@@ -65,7 +72,7 @@ PROCESS_ENVIRONMENT = {
     "POWERTOOLS_TRACE_DISABLED": "true",
 }
 
-QUEUE_POLL_INTERVAL_S = 0.2
+QUEUE_POLL_INTERVAL_S = 1.0
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +96,7 @@ class LocalFunction:
     arn: str
     handler: Callable[[Any, Any], Any]
     timeout_s: float
+    memory_mb: int
 
 
 def _load_handler(code_dir: Path, handler: str, logical_id: str) -> Callable[[Any, Any], Any]:
@@ -108,8 +116,10 @@ _programs_lock = threading.Lock()
 
 def _parsed_program(worker: Any) -> Any:
     """moto parses the ASL again for every execution (~190 ms of CPU for the task machine);
-    parse each definition once and give every execution its own deep copy (~5 ms)."""
-    return copy.deepcopy(_parse_once(worker._evaluation_details.state_machine_details.definition))
+    parse each definition once and let every execution run the same program. Its parts
+    keep no state of their own: each execution's lives in its environment, under keys the
+    parts make once (made at parse time here, so no two threads make them at once)."""
+    return _parse_once(worker._evaluation_details.state_machine_details.definition)
 
 
 def _parse_once(definition: str) -> Any:
@@ -117,8 +127,32 @@ def _parse_once(definition: str) -> Any:
 
     with _programs_lock:
         if definition not in _programs:
-            _programs[definition] = AmazonStateLanguageParser.parse(definition)[0]
+            program = AmazonStateLanguageParser.parse(definition)[0]
+            _make_heap_keys(program, set())
+            _programs[definition] = program
         return _programs[definition]
+
+
+def _make_heap_keys(part: Any, seen: set[int]) -> None:
+    """Touch `heap_key` on every evaluable part of a parsed program (it is made lazily)."""
+    from moto.stepfunctions.parser.asl.component.component import Component
+    from moto.stepfunctions.parser.asl.component.eval_component import EvalComponent
+
+    if id(part) in seen:
+        return
+    seen.add(id(part))
+    if isinstance(part, EvalComponent):
+        part.heap_key  # noqa: B018
+    if isinstance(part, Component):
+        children: Any = vars(part).values()
+    elif isinstance(part, dict):
+        children = part.values()
+    elif isinstance(part, list | tuple):
+        children = part
+    else:
+        return
+    for child in children:
+        _make_heap_keys(child, seen)
 
 
 def _serialised(method: Callable[..., Any], lock: threading.RLock) -> Callable[..., Any]:
@@ -145,6 +179,8 @@ class EmbeddedRuntime:
         self.functions: dict[str, LocalFunction] = {}
         self.outputs: dict[str, str] = {}
         self.foreign_invocations: list[tuple[str, Any]] = []
+        self.definition = ""  # the task machine's ASL, its placeholders resolved
+        self.usage: Counter[tuple[str, str]] = Counter()  # (function, "invocations" | "ms")
         self._exits = ExitStack()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -234,9 +270,12 @@ class EmbeddedRuntime:
 
         function = self.functions[logical_id]
         context = LocalLambdaContext(function.name, function.arn, function.timeout_s)
+        started = time.perf_counter()
         try:
             return function.handler(event, context)
         finally:
+            self.usage[logical_id, "invocations"] += 1
+            self.usage[logical_id, "ms"] += math.ceil((time.perf_counter() - started) * 1000)
             # No CloudWatch here: drop the invocation's metrics (Powertools keeps them when
             # disabled, and prints them once 100 values pile up).
             metrics.clear_metrics()
@@ -309,7 +348,10 @@ class EmbeddedRuntime:
             arn = self._resolve(stack, {"Fn::GetAtt": [logical_id, "Arn"]})
             handler = _load_handler(code_dir, properties["Handler"], logical_id)
             timeout = float(properties.get("Timeout", 3))
-            self.functions[logical_id] = LocalFunction(logical_id, name, arn, handler, timeout)
+            memory = int(properties.get("MemorySize", 128))
+            self.functions[logical_id] = LocalFunction(
+                logical_id, name, arn, handler, timeout, memory
+            )
 
     def _create_state_machine(self, template: dict[str, Any], stack: Any) -> None:
         """Create the task machine where moto executes it, its placeholders resolved.
@@ -324,6 +366,7 @@ class EmbeddedRuntime:
         for key, value in self._substitutions.items():
             definition = definition.replace("${" + key + "}", str(self._resolve(stack, value)))
         arn = self._resolve(stack, {"Ref": "TaskStateMachine"})
+        self.definition = definition
         boto3.client("stepfunctions").create_state_machine(
             name=arn.rsplit(":", 1)[1],
             definition=definition,
@@ -372,7 +415,19 @@ class EmbeddedRuntime:
         self._exits.enter_context(
             mock.patch.object(ExecutionWorker, "_get_evaluation_entrypoint", _parsed_program)
         )
+        self._cache_json_paths()
         self._share_service_clients()
+
+    def _cache_json_paths(self) -> None:
+        """moto builds a new JSONPath parser (a yacc table) for every path it evaluates, a few
+        ms each, many per execution; a parsed path is only read, so each is parsed once."""
+        import importlib
+
+        prefix = "moto.stepfunctions.parser.asl."
+        for name in ("utils.json_path", "component.common.path.result_path"):
+            module = importlib.import_module(prefix + name)
+            cached = functools.lru_cache(maxsize=1024)(module.parse)
+            self._exits.enter_context(mock.patch.object(module, "parse", cached))
 
     def _share_service_clients(self) -> None:
         """moto builds a new boto3 client for every service task (~5-100 ms of CPU each, three

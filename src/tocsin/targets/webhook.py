@@ -1,6 +1,7 @@
 """Webhook target: POST the payload to a public HTTPS URL, signed, with an idempotency key.
 
-The host is resolved and checked, and the signing secret fetched, before the gate; the
+The host is resolved and checked, the signing secret fetched and the connection opened
+(TCP and TLS) before the gate, so only the request itself follows the gate. The
 connection goes to that checked address (TLS still verifies the host name), so DNS cannot
 be rebound between check and use.
 Redirects are not followed: a 3xx is a permanent failure.
@@ -8,6 +9,7 @@ Redirects are not followed: a 3xx is a permanent failure.
 
 import hashlib
 import hmac
+import ssl
 from functools import cache
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
@@ -15,6 +17,7 @@ from urllib.parse import SplitResult, urlsplit
 import urllib3
 from aws_lambda_powertools.utilities.parameters import SecretsProvider
 from pydantic import Field, PrivateAttr, field_validator
+from urllib3.util.wait import wait_for_read
 
 from tocsin import aws, clock
 from tocsin.errors import PermanentTargetError, TransientTargetError
@@ -65,6 +68,7 @@ class WebhookTarget(Target):
     headers: dict[str, str] = Field(default_factory=dict, max_length=20)
     _address: str | None = PrivateAttr(default=None)
     _secret: str | None = PrivateAttr(default=None)
+    _pool: urllib3.HTTPConnectionPool | None = PrivateAttr(default=None)
 
     @field_validator("url")
     @classmethod
@@ -103,9 +107,11 @@ class WebhookTarget(Target):
             parts.hostname or "", port, allow_internal=_is_allowed(parts)
         )
         self._secret = _signing_secret()
+        self._pool = self._connection_pool(parts)
+        _open_ahead(self._pool)
 
     def send(self, delivery: Delivery) -> dict[str, Any]:
-        if self._address is None:
+        if self._pool is None:
             self.prepare()
         parts = urlsplit(self.url)
         body = delivery.payload_json.encode()
@@ -122,7 +128,8 @@ class WebhookTarget(Target):
         status = self._post(parts, body, headers)
         return {"status": status}
 
-    def _post(self, parts: SplitResult, body: bytes, headers: dict[str, str]) -> int:
+    def _connection_pool(self, parts: SplitResult) -> urllib3.HTTPConnectionPool:
+        """One connection, to the checked address."""
         timeout = settings().webhook_timeout_s
         common: dict[str, Any] = {
             "port": parts.port,
@@ -131,11 +138,14 @@ class WebhookTarget(Target):
         }
         if parts.scheme == "https":
             host = parts.hostname or ""
-            pool: urllib3.HTTPConnectionPool = urllib3.HTTPSConnectionPool(
+            return urllib3.HTTPSConnectionPool(
                 self._address, server_hostname=host, assert_hostname=host, **common
             )
-        else:
-            pool = urllib3.HTTPConnectionPool(self._address, **common)
+        return urllib3.HTTPConnectionPool(self._address, **common)
+
+    def _post(self, parts: SplitResult, body: bytes, headers: dict[str, str]) -> int:
+        pool = self._pool
+        assert pool is not None  # made by prepare()
         retries = urllib3.Retry(
             total=2,
             redirect=False,
@@ -164,3 +174,34 @@ class WebhookTarget(Target):
         if not 200 <= response.status < 300:
             raise PermanentTargetError(f"webhook answered {response.status}")
         return int(response.status)
+
+
+def _open_ahead(pool: urllib3.HTTPConnectionPool) -> None:
+    """Connect now, before the gate. If it fails, or the server drops the idle connection
+    meanwhile, urllib3 connects again at the send, which reports any error then."""
+    connection = pool._get_conn()
+    try:
+        connection.connect()
+        _read_session_tickets(connection.sock)
+    except Exception:  # a refused socket, a bad certificate: the send meets it again
+        connection.close()
+    pool._put_conn(connection)
+
+
+def _read_session_tickets(sock: Any, wait_s: float = 0.05) -> None:
+    """A TLS 1.3 server sends session tickets just after the handshake. Left unread, they
+    make the idle connection look dropped to urllib3, which would connect again after the
+    gate; read them now (they carry no application data)."""
+    if not isinstance(sock, ssl.SSLSocket):
+        return
+    timeout = sock.gettimeout()
+    sock.setblocking(False)
+    try:
+        while wait_for_read(sock, timeout=wait_s):
+            try:
+                if not sock.recv(4096):
+                    return  # closed: urllib3 will see it and connect again
+            except ssl.SSLWantReadError:
+                continue
+    finally:
+        sock.settimeout(timeout)

@@ -1,0 +1,548 @@
+"""`tocsin bench`: precision and throughput on the embedded runtime, the baseline beside it.
+
+Timing scenarios run the same task plan twice, one variant after the other in the same
+run, each on a fresh runtime with a webhook receiver on 127.0.0.1:
+
+* tocsin: tasks submitted through the API handler; the finder or the submit starts them;
+  the execution wakes by the lead and the executor's gate picks the millisecond;
+* baseline: the same state machine with its Wait on `due_at` itself and `due_ms` 0 for
+  the executor, so no gate: what a plain Step Functions timer gives.
+
+Lateness is measured where the webhook arrives, by a receiver in a process of its own (on
+AWS it is another machine: here it must not wait for the scheduler's GIL). The finder
+scenarios replace StartExecution with a recorder (a token bucket in `throttled`): they
+measure the finder's reads and pacing, not the executions.
+"""
+
+import json
+import math
+import random
+import resource
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from unittest import mock
+
+from rich.progress import Progress
+
+from tocsin import aws, clock
+from tocsin.dispatch import DueTask, execution_input
+from tocsin.local.cost import billed_usage
+from tocsin.local.demo import PlannedTask, percentile, summarize
+from tocsin.local.receiver import ReceiverProcess
+from tocsin.local.runtime import ACCOUNT_ID, EmbeddedRuntime
+from tocsin.local.server import api_event
+from tocsin.model import TaskStatus
+from tocsin.settings import settings
+
+LOOKAHEAD_S = 20
+FINDER_INTERVAL_S = 5.0
+SUBMIT_ALLOWANCE_MS = 60  # per task, so the first is due after all are submitted
+START_DELAY_MS = 3000
+GRACE_S = 20.0
+
+
+@dataclass
+class Bench:
+    """What every scenario shares: the progress display and the random source."""
+
+    progress: Progress
+    rng: random.Random
+    scale: float = 1.0
+    cost: bool = False
+
+    def size(self, full: int) -> int:
+        return max(5, round(full * self.scale))
+
+
+# -- timing: tocsin and the baseline on the same plan ------------------------------------
+
+
+def baseline_definition(definition: str) -> str:
+    """The task machine with its Wait on `due_at` and no gate (the executor gets due_ms 0)."""
+    asl = json.loads(definition)
+    asl["States"]["WaitUntilWake"]["TimestampPath"] = "$.due_at"
+    for state in asl["States"].values():
+        payload = state.get("Parameters", {}).get("Payload", {})
+        if "due_ms.$" in payload:
+            del payload["due_ms.$"]
+            payload["due_ms"] = 0
+    return json.dumps(asl)
+
+
+def _body(task: PlannedTask, url: str) -> dict[str, Any]:
+    return {
+        "id": task.task_id,
+        "due_at": clock.to_iso(task.due_ms),
+        "type": "webhook",
+        "target": {"url": f"{url}/bench"},
+        "payload": {"task": task.task_id},
+    }
+
+
+def _submit_tocsin(runtime: EmbeddedRuntime, planned: list[PlannedTask], url: str) -> None:
+    """Through the API handler, as a caller would: due soon starts at once, later the finder."""
+    for task in planned:
+        reply = runtime.invoke(
+            "ApiFunction", api_event("POST", "/tasks", json.dumps(_body(task, url)))
+        )
+        if reply["statusCode"] != 201:
+            raise RuntimeError(f"submit {task.task_id}: {reply['body']}")
+
+
+def _start_baseline(runtime: EmbeddedRuntime, planned: list[PlannedTask], url: str) -> None:
+    """Items as the finder leaves them (SCHEDULED), each with an execution of the baseline."""
+    from tocsin.submit import new_item
+
+    sfn, config = aws.client("stepfunctions"), settings()
+    arn = sfn.create_state_machine(
+        name="tocsin-baseline",
+        definition=baseline_definition(runtime.definition),
+        roleArn=f"arn:aws:iam::{ACCOUNT_ID}:role/baseline",
+    )["stateMachineArn"]
+    table = aws.resource("dynamodb").Table(config.tasks_table)
+    for task in planned:
+        item = new_item(_body(task, url), "bench", clock.now_ms(), config)
+        item.pop("gsi_pk")
+        item.pop("gsi_due_ms")
+        table.put_item(Item={**item, "status": TaskStatus.SCHEDULED.value})
+        due = DueTask(task.due_ms, task.task_id, 1)
+        sfn.start_execution(
+            stateMachineArn=arn,
+            name=due.execution_name,
+            input=json.dumps(execution_input(due, config)),
+        )
+
+
+VARIANTS: dict[str, Callable[[EmbeddedRuntime, list[PlannedTask], str], None]] = {
+    "tocsin": _submit_tocsin,
+    "baseline": _start_baseline,
+}
+
+
+def timed_variant(
+    bench: Bench, variant: str, offsets: list[int], label: str
+) -> tuple[dict[str, Any], list[int], EmbeddedRuntime]:
+    """Run one variant on a fresh runtime; its figures, its lateness values, the runtime."""
+    parameters = {"LookAheadSeconds": str(LOOKAHEAD_S)}
+    runtime = EmbeddedRuntime(parameters, finder_interval_s=FINDER_INTERVAL_S)
+    started = time.monotonic()
+    with runtime, ReceiverProcess() as receiver, _counting_dynamodb() as requests:
+        cpu_before = _cpu_s()  # the stack is up: from here on, the tasks' own work
+        start = clock.now_ms() + START_DELAY_MS + SUBMIT_ALLOWANCE_MS * len(offsets)
+        planned = [PlannedTask(f"{variant}-{i:05d}", start + o) for i, o in enumerate(offsets)]
+        bar = bench.progress.add_task(f"{label} {variant}", total=len(planned))
+        VARIANTS[variant](runtime, planned, receiver.url)
+        deadline = time.monotonic() + (planned[-1].due_ms - clock.now_ms()) / 1000 + GRACE_S
+        while time.monotonic() < deadline:
+            fired = len({a.task_id for a in receiver.received()})  # one request a poll
+            bench.progress.update(bar, completed=fired)
+            if fired >= len(planned):
+                break
+            time.sleep(1)
+        runtime.wait_for_executions(timeout_s=10)
+        cpu_s = _cpu_s() - cpu_before
+        arrivals = receiver.received()
+        figures = summarize(planned, arrivals)
+        executions = list(runtime.executions())
+        if bench.cost and variant == "tocsin":
+            figures["cost"] = billed_usage(runtime, executions, requests, len(planned))
+    bench.progress.remove_task(bar)
+    due = {task.task_id: task.due_ms for task in planned}
+    lateness = _lateness(due, arrivals)
+    figures.update(
+        abs_error_ms={"p99": percentile([abs(v) for v in lateness], 99)},
+        wall_s=round(time.monotonic() - started, 1),
+        cpu_ms_per_task=round(cpu_s * 1000 / len(planned), 1),
+        peak_memory_mb=_peak_memory_mb(),
+    )
+    return figures, lateness, runtime
+
+
+def _lateness(due: dict[str, int], arrivals: list[Any]) -> list[int]:
+    first: dict[str, int] = {}
+    for arrival in arrivals:
+        if arrival.task_id in due:
+            first[arrival.task_id] = min(
+                first.get(arrival.task_id, arrival.arrival_ms), arrival.arrival_ms
+            )
+    return [first[task_id] - due[task_id] for task_id in first]
+
+
+def side_by_side(bench: Bench, label: str, offsets: list[int]) -> dict[str, Any]:
+    """The same plan through tocsin, then through the baseline; tocsin's figures with the
+    baseline's beside them and the ratio of their p99 absolute errors."""
+    tocsin, tocsin_lateness, _ = timed_variant(bench, "tocsin", offsets, label)
+    baseline, baseline_lateness, _ = timed_variant(bench, "baseline", offsets, label)
+    tocsin_error = max(1, tocsin["abs_error_ms"]["p99"])
+    return {
+        **tocsin,
+        "baseline": baseline,
+        "baseline_to_tocsin_p99_error": round(baseline["abs_error_ms"]["p99"] / tocsin_error, 1),
+        "samples": {"tocsin": tocsin_lateness, "baseline": baseline_lateness},
+    }
+
+
+def spread(bench: Bench) -> dict[str, Any]:
+    """1,000 tasks at random milliseconds over 60 s."""
+    tasks, span_ms = bench.size(1000), max(10_000, round(60_000 * min(1.0, bench.scale * 4)))
+    offsets = sorted(bench.rng.randrange(span_ms) for _ in range(tasks))
+    return side_by_side(bench, "spread", offsets)
+
+
+def burst(bench: Bench, full: int = 200) -> dict[str, Any]:
+    """`full` tasks due within one second, beyond the look-ahead: the finder starts them
+    together, so their wakes are staggered ahead of the due second."""
+    tasks = bench.size(full)
+    past_look_ahead = int((LOOKAHEAD_S + 2 * FINDER_INTERVAL_S) * 1000)
+    offsets = sorted(past_look_ahead + bench.rng.randrange(1000) for _ in range(tasks))
+    return side_by_side(bench, "burst", offsets)
+
+
+# -- the finder: reads and pacing --------------------------------------------------------
+
+
+@dataclass
+class StartRecorder:
+    """StartExecution's stand-in: records each start; with `burst` and `rate`, refuses with
+    ThrottlingException beyond a token bucket, as AWS's StartExecution quota does."""
+
+    burst: float = math.inf
+    rate: float = math.inf
+    starts: dict[str, float] = field(default_factory=dict)  # name -> time.monotonic()
+    wakes: dict[str, str] = field(default_factory=dict)  # name -> the input's wake_at
+    throttled: int = 0
+    _tokens: float = math.inf
+    _at: float = field(default_factory=time.monotonic)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self._tokens = self.burst
+
+    def start_execution(self, arn: str, name: str, given: str, *_: Any, **__: Any) -> Any:
+        """Patched onto moto's backend class as a bound method: moto's `self` is not passed."""
+        from moto.core.exceptions import JsonRESTError
+
+        with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+            self._at = now
+            if self._tokens < 1:
+                self.throttled += 1
+                raise JsonRESTError("ThrottlingException", "Rate exceeded")
+            self._tokens -= 1
+            self.starts.setdefault(name, now)
+            self.wakes.setdefault(name, json.loads(given)["wake_at"])
+        return _Started(f"{arn.replace(':stateMachine:', ':execution:')}:{name}")
+
+
+@dataclass(frozen=True)
+class _Started:
+    execution_arn: str
+    start_date: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+
+@contextmanager
+def recording_starts(recorder: StartRecorder) -> Iterator[StartRecorder]:
+    from moto.stepfunctions.parser.models import StepFunctionsParserBackend
+
+    with mock.patch.object(StepFunctionsParserBackend, "start_execution", recorder.start_execution):
+        yield recorder
+
+
+def _store_tasks(bench: Bench, label: str, due_times: list[int]) -> list[str]:
+    """PENDING tasks written in batches, as submissions leave them; their ids."""
+    from tocsin.submit import new_item
+
+    config, now = settings(), clock.now_ms()
+    table = aws.resource("dynamodb").Table(config.tasks_table)
+    bar = bench.progress.add_task(f"{label} storing", total=len(due_times))
+    ids = []
+    with table.batch_writer() as writer:
+        for i, due_ms in enumerate(due_times):
+            task_id = f"{label}-{i:06d}"
+            body = {
+                "id": task_id,
+                "due_at": clock.to_iso(due_ms),
+                "type": "sns",
+                "target": {"topic_arn": "arn:aws:sns:us-east-1:123456789012:bench"},
+            }
+            writer.put_item(Item=new_item(body, "bench", now, config))
+            ids.append(task_id)
+            if i % 500 == 0:
+                bench.progress.update(bar, completed=i)
+    bench.progress.remove_task(bar)
+    return ids
+
+
+def finder_scale(bench: Bench) -> dict[str, Any]:
+    """100,000 tasks due over 30 days and 1,000 due within the look-ahead: one finder run
+    must start exactly the due ones, reading about as many items as are due."""
+    stored, due_now = bench.size(100_000), bench.size(1000)
+    with EmbeddedRuntime({"LookAheadSeconds": "60"}, finder_interval_s=None) as runtime:
+        now = clock.now_ms()
+        later = [now + 3_600_000 + bench.rng.randrange(30 * 86_400_000) for _ in range(stored)]
+        soon = [now + 5000 + bench.rng.randrange(50_000) for _ in range(due_now)]
+        _store_tasks(bench, "later", later)
+        due_ids = set(_store_tasks(bench, "due", soon))
+        read = Counter[str]()
+        client = aws.resource("dynamodb").meta.client
+
+        def count(parsed: dict[str, Any], **_: Any) -> None:
+            read["items"] += parsed.get("ScannedCount", 0)
+            read["queries"] += 1
+
+        client.meta.events.register("after-call.dynamodb.Query", count)
+        started = time.monotonic()
+        with recording_starts(StartRecorder()) as recorder:
+            report = runtime.run_finder()
+        seconds = time.monotonic() - started
+        client.meta.events.unregister("after-call.dynamodb.Query", count)
+    names = {name.rsplit("-v", 1)[0] for name in recorder.starts}
+    return {
+        "stored": stored + due_now,
+        "due": due_now,
+        "found": report["found"],
+        "started": len(names),
+        "started_not_due": len(names - due_ids),
+        "due_not_started": len(due_ids - names),
+        "items_read": read["items"],
+        "queries": read["queries"],
+        "read_per_due": round(read["items"] / due_now, 3),
+        "finder_run_s": round(seconds, 2),
+        "peak_memory_mb": _peak_memory_mb(),
+    }
+
+
+BUCKET_BURST, BUCKET_RATE = 1300, 300  # AWS's StartExecution quota in the largest regions
+
+
+def throttled(bench: Bench) -> dict[str, Any]:
+    """10,000 tasks due within one look-ahead, started by the real finder against a token
+    bucket of 1,300 and 300/s: every start before the task's wake time, at the refill rate."""
+    tasks = bench.size(10_000)
+    burst_size, rate = BUCKET_BURST * tasks / 10_000, BUCKET_RATE * tasks / 10_000
+    look_ahead_s = 60
+    parameters = {"LookAheadSeconds": str(look_ahead_s)}
+    with EmbeddedRuntime(parameters, finder_interval_s=None) as runtime:
+        now = clock.now_ms()
+        due = sorted(now + 35_000 + bench.rng.randrange(25_000) for _ in range(tasks))
+        _store_tasks(bench, "throttled", due)
+        bar = bench.progress.add_task("throttled starts", total=tasks)
+        runs = 0
+        with recording_starts(StartRecorder(burst_size, rate)) as recorder:
+            epoch = time.monotonic() - clock.now_ms() / 1000  # monotonic -> epoch ms
+            while runs < 20:
+                runs += 1
+                report = runtime.run_finder()
+                bench.progress.update(bar, completed=len(recorder.starts))
+                if report["backlog"] == 0:
+                    break
+        bench.progress.remove_task(bar)
+    late = [
+        name
+        for name, at in recorder.starts.items()
+        if (at - epoch) * 1000 > clock.to_ms(datetime.fromisoformat(recorder.wakes[name]))
+    ]
+    times = sorted(recorder.starts.values())
+    after_burst = len(times) - burst_size
+    achieved = after_burst / (times[-1] - times[0]) if after_burst > 0 and len(times) > 1 else rate
+    return {
+        "tasks": tasks,
+        "started": len(recorder.starts),
+        "not_started": tasks - len(recorder.starts),
+        "started_after_wake": len(late),
+        "throttled_calls": recorder.throttled,
+        "finder_runs": runs,
+        "bucket": {"burst": burst_size, "refill_per_s": rate},
+        "start_rate_per_s": round(achieved, 1),
+        "start_rate_of_refill": round(achieved / rate, 3),
+        "peak_memory_mb": _peak_memory_mb(),
+    }
+
+
+# -- accounting ------------------------------------------------------------------------
+
+
+@contextmanager
+def _counting_dynamodb() -> Iterator[Counter[str]]:
+    """Every DynamoDB request the run makes (handlers, state machine, idempotency), by action."""
+    from moto.dynamodb.responses import DynamoHandler
+
+    requests: Counter[str] = Counter()
+    call = DynamoHandler.call_action
+
+    def counted(handler: Any) -> Any:
+        requests[handler._get_action()] += 1
+        return call(handler)
+
+    with mock.patch.object(DynamoHandler, "call_action", counted):
+        yield requests
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _peak_memory_mb() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
+    "spread": spread,
+    "burst": burst,
+    "finder-scale": finder_scale,
+    "throttled": throttled,
+}
+STRETCH = {"burst-1000": lambda bench: burst(bench, 1000)}  # by name only: not in "all"
+
+
+# -- the report ------------------------------------------------------------------------
+
+TIMED = ("spread", "burst", "burst-1000")
+
+
+def run(names: list[str], scale: float, seed: int, cost: bool, console: Any) -> dict[str, Any]:
+    """Each named scenario in turn, with progress bars; their figures by name."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=console, transient=True) as progress:
+        bench = Bench(progress, random.Random(seed), scale, cost)
+        overall = progress.add_task("scenarios", total=len(names))
+        results = {}
+        for name in names:
+            results[name] = {**SCENARIOS, **STRETCH}[name](bench)
+            progress.advance(overall)
+    return results
+
+
+def problems(results: dict[str, Any]) -> list[str]:
+    """What broke a promise: tocsin early, duplicated or lost; a finder that missed."""
+    found = []
+    for name, figures in results.items():
+        if name in TIMED:
+            found += [
+                f"{name}: {k} {figures[k]}" for k in ("early", "duplicates", "lost") if figures[k]
+            ]
+        elif name == "finder-scale":
+            for key in ("started_not_due", "due_not_started"):
+                if figures[key]:
+                    found.append(f"{name}: {key} {figures[key]}")
+        elif name == "throttled":
+            for key in ("not_started", "started_after_wake"):
+                if figures[key]:
+                    found.append(f"{name}: {key} {figures[key]}")
+    return found
+
+
+TIMING_ROWS: list[tuple[str, Callable[[dict[str, Any]], Any]]] = [
+    ("tasks", lambda f: f["submitted"]),
+    ("fired", lambda f: f["fired"]),
+    ("early", lambda f: f["early"]),
+    ("duplicates", lambda f: f["duplicates"]),
+    ("lost", lambda f: f["lost"]),
+    ("lateness p50", lambda f: f["lateness_ms"]["p50"]),
+    ("lateness p90", lambda f: f["lateness_ms"]["p90"]),
+    ("lateness p99", lambda f: f["lateness_ms"]["p99"]),
+    ("lateness max", lambda f: f["lateness_ms"]["max"]),
+    ("|error| p99", lambda f: f["abs_error_ms"]["p99"]),
+    ("wall s", lambda f: f["wall_s"]),
+    ("CPU ms per task", lambda f: f["cpu_ms_per_task"]),
+    ("peak memory MiB", lambda f: f["peak_memory_mb"]),
+]
+
+
+def print_report(results: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    timed = {name: r for name, r in results.items() if name in TIMED}
+    if timed:
+        columns = [(name, "tocsin", r) for name, r in timed.items()]
+        columns += [(name, "baseline", r["baseline"]) for name, r in timed.items()]
+        table = Table(
+            "measure",
+            *(f"{name}\n{variant}" for name, variant, _ in columns),
+            title="Lateness where the webhook arrives, ms: the same plan through both variants",
+        )
+        for label, read in TIMING_ROWS:
+            table.add_row(label, *(str(read(figures)) for _, _, figures in columns))
+        console.print(table)
+        for name, figures in timed.items():
+            capacity = 1000 / max(0.1, figures["cpu_ms_per_task"])
+            console.print(
+                f"{name}: baseline/tocsin p99 absolute error = "
+                f"{figures['baseline_to_tocsin_p99_error']}x; the embedded runtime's capacity "
+                f"is about {capacity:.0f} tasks per CPU-second (one core: the GIL)"
+            )
+    for name in ("finder-scale", "throttled"):
+        if name in results:
+            table = Table("measure", "value", title=name)
+            for key, value in results[name].items():
+                table.add_row(key, str(value))
+            console.print(table)
+    costs = {name: r["cost"] for name, r in timed.items() if "cost" in r}
+    for name, cost in costs.items():
+        table = Table("unit", "per task", "$ per million tasks", title=f"cost model ({name})")
+        for unit, amount in cost["per_task"].items():
+            table.add_row(unit, str(amount), f"{cost['usd_per_million'][unit]:.2f}")
+        table.add_row("total", "", f"{cost['usd_per_million_total']:.2f}")
+        table.add_row(
+            "EventBridge Scheduler (60 s precision)", "", f"{cost['scheduler_usd_per_million']:.2f}"
+        )
+        console.print(table)
+
+
+def plot(results: dict[str, Any], path: str) -> None:
+    """Lateness histograms of both variants, one panel per timing scenario."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timed = [name for name in results if name in TIMED]
+    figure, axes = plt.subplots(len(timed), 1, figsize=(9, 3.2 * len(timed)), squeeze=False)
+    for axis, name in zip(axes[:, 0], timed, strict=True):
+        samples = results[name]["samples"]
+        low = min(min(v, default=0) for v in samples.values())
+        high = max(max(v, default=0) for v in samples.values())
+        bins = list(range(low, high + 20, max(1, (high - low) // 60 or 1)))
+        for variant, color in (("baseline", "tab:gray"), ("tocsin", "tab:blue")):
+            axis.hist(samples[variant], bins=bins, alpha=0.7, color=color, label=variant)
+        axis.axvline(0, color="black", linewidth=0.8)
+        axis.set_title(f"{name}: arrival minus due time")
+        axis.set_xlabel("lateness, ms (negative: early)")
+        axis.set_ylabel("tasks")
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main(
+    names: list[str], scale: float, seed: int, as_json: bool, plot_path: str | None, cost: bool
+) -> int:
+    """Run, report (tables, or JSON as the last line), plot; 1 if a promise broke."""
+    import logging
+
+    from rich.console import Console
+
+    logging.getLogger("moto").setLevel(logging.CRITICAL)
+    console = Console(stderr=as_json)
+    results = run(names, scale, seed, cost, console)
+    if plot_path:
+        plot(results, plot_path)
+    for figures in results.values():
+        figures.pop("samples", None)
+    broken = problems(results)
+    if as_json:
+        print(json.dumps(results))
+    else:
+        print_report(results, console)
+        console.print("; ".join(broken) if broken else "no task early, duplicated or lost")
+    return 1 if broken else 0

@@ -1,0 +1,64 @@
+"""The cost model of `tocsin bench --cost`: what one task used in a run, priced per million.
+
+Usage is counted, not assumed: state transitions from each execution's history, Lambda
+invocations and their billed milliseconds (the gate's sleep included) from the runtime,
+DynamoDB requests from moto's handler, API requests from the API function's invocations.
+Prices are AWS list prices in us-east-1 (x86 Lambda, DynamoDB on demand, Step Functions
+Standard, HTTP API), checked 2026-11; each DynamoDB request is priced as one request
+unit, which holds for items up to 1 KB written and 4 KB read.
+"""
+
+from collections import Counter
+from typing import Any
+
+from tocsin import aws
+
+PRICE_PER_UNIT = {
+    "state_transitions": 0.025 / 1000,
+    "lambda_invocations": 0.20 / 1e6,
+    "lambda_gb_seconds": 0.0000166667,
+    "dynamodb_writes": 0.625 / 1e6,
+    "dynamodb_reads": 0.125 / 1e6,
+    "api_requests": 1.00 / 1e6,
+}
+SCHEDULER_PER_MILLION = 1.00  # EventBridge Scheduler: $1.00 per million invocations, 60 s precision
+WRITES = {"PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"}
+READS = {"GetItem", "Query", "Scan", "BatchGetItem", "TransactGetItems"}
+
+
+def transitions(execution_arn: str) -> int:
+    """States entered by one execution: what Step Functions Standard bills."""
+    pages = aws.client("stepfunctions").get_paginator("get_execution_history")
+    return sum(
+        event["type"].endswith("StateEntered")
+        for page in pages.paginate(executionArn=execution_arn)
+        for event in page["events"]
+    )
+
+
+def billed_usage(
+    runtime: Any, executions: list[Any], requests: Counter[str], tasks: int
+) -> dict[str, float]:
+    """Per task: each billed unit, and the dollars per million tasks it comes to."""
+    invocations = gb_seconds = 0.0
+    for (logical_id, kind), value in runtime.usage.items():
+        if kind == "invocations":
+            invocations += value
+        else:
+            gb_seconds += value / 1000 * runtime.functions[logical_id].memory_mb / 1024
+    totals = {
+        "state_transitions": sum(transitions(e.execution_arn) for e in executions),
+        "lambda_invocations": invocations,
+        "lambda_gb_seconds": gb_seconds,
+        "dynamodb_writes": sum(requests[action] for action in WRITES),
+        "dynamodb_reads": sum(requests[action] for action in READS),
+        "api_requests": runtime.usage["ApiFunction", "invocations"],
+    }
+    per_task = {unit: value / tasks for unit, value in totals.items()}
+    per_million = {unit: per_task[unit] * PRICE_PER_UNIT[unit] * 1e6 for unit in per_task}
+    return {
+        "per_task": {unit: round(value, 3) for unit, value in per_task.items()},
+        "usd_per_million": {unit: round(value, 2) for unit, value in per_million.items()},
+        "usd_per_million_total": round(sum(per_million.values()), 2),
+        "scheduler_usd_per_million": SCHEDULER_PER_MILLION,
+    }
