@@ -10,7 +10,8 @@ from tocsin.model import TaskStatus
 
 DUE_INDEX = "DueIndex"
 OWNER_INDEX = "OwnerIndex"
-OWNER_INDEX_KEY = ("task_id", "owner", "due_ms")  # what a page of OwnerIndex resumes from
+OWNER_INDEX_KEY = ("task_id", "owner", "due_ms")
+STATUS_AND_VERSION = {"#s": "status", "#v": "version"}  # what a page of OwnerIndex resumes from
 
 
 class TaskStore:
@@ -38,23 +39,18 @@ class TaskStore:
         Only a task still PENDING at the same version is marked: a claim, cancel or
         reschedule that got there first wins.
         """
-        try:
-            self._table.update_item(
-                Key={"task_id": task_id},
-                UpdateExpression="SET #s = :scheduled, execution_arn = :arn "
-                "REMOVE gsi_pk, gsi_due_ms",
-                ConditionExpression="#s = :pending AND #v = :v",
-                ExpressionAttributeNames={"#s": "status", "#v": "version"},
-                ExpressionAttributeValues={
-                    ":scheduled": TaskStatus.SCHEDULED,
-                    ":pending": TaskStatus.PENDING,
-                    ":arn": execution_arn,
-                    ":v": version,
-                },
-            )
-        except self._conditional_failed:
-            return False
-        return True
+        done = self._update(
+            task_id,
+            "SET #s = :scheduled, execution_arn = :arn REMOVE gsi_pk, gsi_due_ms",
+            "#s = :pending AND #v = :v",
+            {
+                ":scheduled": TaskStatus.SCHEDULED.value,
+                ":pending": TaskStatus.PENDING.value,
+                ":arn": execution_arn,
+                ":v": version,
+            },
+        )
+        return done is not None
 
     def due_in_shard(self, shard: int, until_ms: int) -> Iterator[dict[str, Any]]:
         """PENDING tasks of one shard due at or before `until_ms`, earliest first, all pages."""
@@ -136,7 +132,7 @@ class TaskStore:
             f"SET #v = :next, #s = :pending, updated_at = :now, {sets} REMOVE execution_arn",
             {":next": version + 1, ":now": now_iso, ":version": version, **values},
             extra_condition=" AND #v = :version",
-            extra_names={"#v": "version", **names},
+            extra_names=names,
         )
 
     def _update_if_changeable(
@@ -148,71 +144,53 @@ class TaskStore:
         extra_condition: str = "",
         extra_names: dict[str, str] | None = None,
     ) -> dict[str, Any] | None:
-        try:
-            reply = self._table.update_item(
-                Key={"task_id": task_id},
-                UpdateExpression=update,
-                ConditionExpression="#o = :owner AND #s IN (:pending, :scheduled)"
-                + extra_condition,
-                ExpressionAttributeNames={"#o": "owner", "#s": "status", **(extra_names or {})},
-                ExpressionAttributeValues={
-                    ":owner": owner,
-                    ":pending": TaskStatus.PENDING.value,
-                    ":scheduled": TaskStatus.SCHEDULED.value,
-                    **values,
-                },
-                ReturnValues="ALL_NEW",
-            )
-        except self._conditional_failed:
-            return None
-        return reply["Attributes"]
+        return self._update(
+            task_id,
+            update,
+            "#o = :owner AND #s IN (:pending, :scheduled)" + extra_condition,
+            {
+                ":owner": owner,
+                ":pending": TaskStatus.PENDING.value,
+                ":scheduled": TaskStatus.SCHEDULED.value,
+                **values,
+            },
+            {"#o": "owner", **(extra_names or {})},
+            returning="ALL_NEW",
+        )
 
     def count_attempt(self, task_id: str, version: int) -> int | None:
         """Add one to a claimed task's attempts; the new count, or None if it is not claimed."""
-        try:
-            reply = self._table.update_item(
-                Key={"task_id": task_id},
-                UpdateExpression="ADD attempts :one",
-                ConditionExpression="#s = :running AND #v = :v",
-                ExpressionAttributeNames={"#s": "status", "#v": "version"},
-                ExpressionAttributeValues={
-                    ":one": 1,
-                    ":running": TaskStatus.RUNNING.value,
-                    ":v": version,
-                },
-                ReturnValues="UPDATED_NEW",
-            )
-        except self._conditional_failed:
-            return None
-        return int(reply["Attributes"]["attempts"])
+        reply = self._update(
+            task_id,
+            "ADD attempts :one",
+            "#s = :running AND #v = :v",
+            {":one": 1, ":running": TaskStatus.RUNNING.value, ":v": version},
+            returning="UPDATED_NEW",
+        )
+        return None if reply is None else int(reply["attempts"])
 
     def redrive(
         self, task_id: str, version: int, index_keys: dict[str, Any], now_iso: str
     ) -> dict[str, Any] | None:
         """A FAILED task back to PENDING as version + 1, attempts reset; None if it changed."""
-        try:
-            reply = self._table.update_item(
-                Key={"task_id": task_id},
-                UpdateExpression="SET #v = :next, #s = :pending, attempts = :zero, "
-                "updated_at = :now, gsi_pk = :pk, gsi_due_ms = :due "
-                "REMOVE #e, expires_at, execution_arn, claimed_by",
-                ConditionExpression="#s = :failed AND #v = :v",
-                ExpressionAttributeNames={"#s": "status", "#v": "version", "#e": "error"},
-                ExpressionAttributeValues={
-                    ":next": version + 1,
-                    ":v": version,
-                    ":pending": TaskStatus.PENDING.value,
-                    ":failed": TaskStatus.FAILED.value,
-                    ":zero": 0,
-                    ":now": now_iso,
-                    ":pk": index_keys["gsi_pk"],
-                    ":due": index_keys["gsi_due_ms"],
-                },
-                ReturnValues="ALL_NEW",
-            )
-        except self._conditional_failed:
-            return None
-        return reply["Attributes"]
+        return self._update(
+            task_id,
+            "SET #v = :next, #s = :pending, attempts = :zero, updated_at = :now, "
+            "gsi_pk = :pk, gsi_due_ms = :due REMOVE #e, expires_at, execution_arn, claimed_by",
+            "#s = :failed AND #v = :v",
+            {
+                ":next": version + 1,
+                ":v": version,
+                ":pending": TaskStatus.PENDING.value,
+                ":failed": TaskStatus.FAILED.value,
+                ":zero": 0,
+                ":now": now_iso,
+                ":pk": index_keys["gsi_pk"],
+                ":due": index_keys["gsi_due_ms"],
+            },
+            {"#e": "error"},
+            returning="ALL_NEW",
+        )
 
     def in_status(self, *statuses: TaskStatus) -> Iterator[dict[str, Any]]:
         """Every task in one of `statuses`, by a full scan: for recovery, never on a hot path."""
@@ -227,23 +205,45 @@ class TaskStore:
     def requeue(self, task_id: str, version: int, index_keys: dict[str, Any], now_iso: str) -> bool:
         """A SCHEDULED or RUNNING task whose execution is gone back to PENDING, in the due
         index at the same version: its idempotency record still stands for that version."""
+        done = self._update(
+            task_id,
+            "SET #s = :pending, updated_at = :now, gsi_pk = :pk, gsi_due_ms = :due "
+            "REMOVE execution_arn, claimed_by",
+            "#s IN (:scheduled, :running) AND #v = :v",
+            {
+                ":pending": TaskStatus.PENDING.value,
+                ":scheduled": TaskStatus.SCHEDULED.value,
+                ":running": TaskStatus.RUNNING.value,
+                ":v": version,
+                ":now": now_iso,
+                ":pk": index_keys["gsi_pk"],
+                ":due": index_keys["gsi_due_ms"],
+            },
+        )
+        return done is not None
+
+    def _update(
+        self,
+        task_id: str,
+        update: str,
+        condition: str,
+        values: dict[str, Any],
+        names: dict[str, str] | None = None,
+        returning: str = "NONE",
+    ) -> dict[str, Any] | None:
+        """One conditional update of a task (`#s` is its status, `#v` its version): the
+        attributes asked for by `returning` ({} for none), or None if the condition failed."""
+        said = update + condition  # DynamoDB refuses names the expressions do not use
+        names = {k: v for k, v in STATUS_AND_VERSION.items() if k in said} | (names or {})
         try:
-            self._table.update_item(
+            reply = self._table.update_item(
                 Key={"task_id": task_id},
-                UpdateExpression="SET #s = :pending, updated_at = :now, gsi_pk = :pk, "
-                "gsi_due_ms = :due REMOVE execution_arn, claimed_by",
-                ConditionExpression="#s IN (:scheduled, :running) AND #v = :v",
-                ExpressionAttributeNames={"#s": "status", "#v": "version"},
-                ExpressionAttributeValues={
-                    ":pending": TaskStatus.PENDING.value,
-                    ":scheduled": TaskStatus.SCHEDULED.value,
-                    ":running": TaskStatus.RUNNING.value,
-                    ":v": version,
-                    ":now": now_iso,
-                    ":pk": index_keys["gsi_pk"],
-                    ":due": index_keys["gsi_due_ms"],
-                },
+                UpdateExpression=update,
+                ConditionExpression=condition,
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
+                ReturnValues=returning,
             )
         except self._conditional_failed:
-            return False
-        return True
+            return None
+        return reply.get("Attributes", {})

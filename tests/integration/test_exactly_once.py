@@ -159,3 +159,23 @@ def test_an_idempotency_store_failure_neither_fails_nor_repeats_the_delivery(
     assert failures == [write]
     assert item["status"] == "SUCCEEDED"
     assert [a.task_id for a in receiver.received()] == ids
+
+
+def test_a_crowded_second_wakes_staggered_and_still_fires_once_on_time(runtime, receiver):
+    """Forty tasks due within one second: the finder spreads their wakes over the seconds
+    before (the local runtime wakes at most 15 a second), so only the gates meet at due."""
+    ids = store_pending(receiver.url, 40, 16_000, "crowd")  # 37 ms apart: within 1.5 s
+    runtime.run_finder()
+    sfn = boto3.client("stepfunctions")
+    inputs = [
+        json.loads(sfn.describe_execution(executionArn=e.execution_arn)["input"])
+        for e in runtime.executions()
+    ]
+    wakes = Counter(given["wake_at"] for given in inputs)
+    assert len(inputs) == 40 and max(wakes.values()) <= 15 and len(wakes) >= 3
+    for task_id in ids:
+        wait_for_status(task_id, {"SUCCEEDED"}, timeout_s=40)
+    due = {given["task_id"]: given["due_ms"] for given in inputs}
+    arrivals = receiver.received()
+    assert Counter(a.task_id for a in arrivals) == dict.fromkeys(ids, 1)
+    assert all(a.arrival_ms >= due[a.task_id] for a in arrivals)

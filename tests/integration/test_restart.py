@@ -12,11 +12,12 @@ import boto3
 
 from tests.conftest import stored, wait_for_status, webhook_task
 from tocsin import Client, clock
-from tocsin.local.runtime import EmbeddedRuntime
+from tocsin.local.runtime import LOCAL_PARAMETERS, EmbeddedRuntime
 from tocsin.settings import settings
 from tocsin.submit import submit_task
 
-LOOK_AHEAD = {"LookAheadSeconds": "10"}
+LEAD_MS = int(LOCAL_PARAMETERS["LeadMilliseconds"])
+LOOK_AHEAD = {"LookAheadSeconds": str((LEAD_MS + 9000) // 1000)}
 ROOT = Path(__file__).parents[2]
 
 
@@ -27,7 +28,8 @@ def secret() -> str:
 
 def test_a_restart_fires_every_task_once_whatever_state_it_was_in(tmp_path, receiver):
     state_file = tmp_path / "state.json"
-    due = {"done": 2500, "running": 6000, "waiting": 9000, "later": 13_000}
+    # at the stop, 4.6 s in: fired; claimed and in its gate; waking later; beyond look-ahead
+    due = {"done": 2500, "running": 6000, "waiting": LEAD_MS + 7000, "later": LEAD_MS + 11_000}
     with EmbeddedRuntime(LOOK_AHEAD, finder_interval_s=None, state_file=state_file):
         start = clock.now_ms()
         for task_id, offset in due.items():

@@ -1,0 +1,75 @@
+"""`tocsin bench` on small sizes: every scenario reports its figures and keeps the promises.
+(The figures themselves are measured by `tocsin bench` at full size, not asserted here.)"""
+
+import json
+
+import pytest
+from moto.core.exceptions import JsonRESTError
+
+from tocsin.cli import main
+from tocsin.local.bench import StartRecorder, baseline_definition
+from tocsin.local.runtime import EmbeddedRuntime
+
+
+def last_json(capsys) -> dict:
+    return json.loads(capsys.readouterr().out.splitlines()[-1])
+
+
+def test_spread_times_tocsin_and_the_baseline_on_the_same_plan(tmp_path, capsys):
+    plot = tmp_path / "lateness.png"
+    arguments = ["bench", "--scenarios", "spread", "--scale", "0.005", "--json", "--cost"]
+    assert main([*arguments, "--plot", str(plot)]) == 0
+    spread = last_json(capsys)["spread"]
+    assert (spread["submitted"], spread["fired"]) == (5, 5)
+    assert spread["early"] == spread["duplicates"] == spread["lost"] == 0
+    assert spread["baseline"]["fired"] == 5
+    assert {"p50", "p90", "p99", "max"} <= set(spread["lateness_ms"])
+    assert spread["baseline_to_tocsin_p99_error"] > 0
+    # Wait, Claim, Route, ExecuteWebhook, MarkSucceeded: nothing more per task
+    assert spread["cost"]["per_task"]["state_transitions"] == 5
+    assert spread["cost"]["per_task"]["api_requests"] == 1
+    assert plot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_finder_scenarios_start_exactly_the_due_tasks_before_their_wake(capsys):
+    scenarios = "finder-scale,throttled"
+    assert main(["bench", "--scenarios", scenarios, "--scale", "0.01", "--json"]) == 0
+    results = last_json(capsys)
+    scale = results["finder-scale"]
+    assert scale["started"] == scale["due"] == 10 and scale["stored"] == 1010
+    assert scale["started_not_due"] == scale["due_not_started"] == 0
+    assert scale["items_read"] <= 1.1 * scale["due"]
+    throttled = results["throttled"]
+    assert throttled["started"] == throttled["tasks"] == 100
+    assert throttled["started_after_wake"] == 0
+    assert throttled["throttled_calls"] > 0  # the bucket was really in the way
+
+
+def test_the_baseline_waits_on_due_at_and_has_no_gate():
+    with EmbeddedRuntime(finder_interval_s=None) as runtime:
+        ours = json.loads(runtime.definition)
+    plain = json.loads(baseline_definition(json.dumps(ours)))
+    assert plain["States"]["WaitUntilWake"]["TimestampPath"] == "$.due_at"
+    executors = [name for name in ours["States"] if name.startswith("Execute")]
+    assert len(executors) == 6
+    for name in executors:
+        payload = plain["States"][name]["Parameters"]["Payload"]
+        assert payload["due_ms"] == 0 and "due_ms.$" not in payload
+    changed = {n for n in ours["States"] if ours["States"][n] != plain["States"][n]}
+    assert changed == {"WaitUntilWake", *executors}
+
+
+def test_the_start_stand_in_refuses_beyond_its_bucket():
+    recorder = StartRecorder(burst=3, rate=0.0)
+    arn = "arn:aws:states:us-east-1:123456789012:stateMachine:m"
+    given = json.dumps({"wake_at": "2030-01-01T00:00:00Z"})
+    for i in range(3):
+        recorder.start_execution(arn, f"t{i}-v1", given)
+    with pytest.raises(JsonRESTError):
+        recorder.start_execution(arn, "t3-v1", given)
+    assert len(recorder.starts) == 3 and recorder.throttled == 1
+
+
+def test_bench_names_unknown_scenarios(capsys):
+    assert main(["bench", "--scenarios", "warp"]) == 2
+    assert "finder-scale" in capsys.readouterr().err
