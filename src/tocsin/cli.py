@@ -227,14 +227,22 @@ def _redrive(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scenario_names(given: str | None, default: list[str], known: list[str]) -> list[str] | None:
+    """`--scenarios` as a list (`default` when not given); None, said on stderr, if unknown."""
+    names = given.split(",") if given else default
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        there_are = ", ".join(known)
+        print(f"unknown scenario {', '.join(unknown)}; there are: {there_are}", file=sys.stderr)
+        return None
+    return names
+
+
 def _chaos(args: argparse.Namespace) -> int:
     from tocsin.local import chaos
 
-    names = args.scenarios.split(",") if args.scenarios else list(chaos.SCENARIOS)
-    unknown = sorted(set(names) - set(chaos.SCENARIOS))
-    if unknown:
-        known = ", ".join(chaos.SCENARIOS)
-        print(f"unknown scenario {', '.join(unknown)}; there are: {known}", file=sys.stderr)
+    names = _scenario_names(args.scenarios, list(chaos.SCENARIOS), list(chaos.SCENARIOS))
+    if names is None:
         return 2
     return chaos.main(names, args.tasks, args.seed, args.json)
 
@@ -242,13 +250,9 @@ def _chaos(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from tocsin.local import bench
 
-    known = {**bench.SCENARIOS, **bench.STRETCH}
-    names = args.scenarios.split(",") if args.scenarios else list(bench.SCENARIOS)
-    unknown = sorted(set(names) - set(known))
-    if unknown:
-        print(
-            f"unknown scenario {', '.join(unknown)}; there are: {', '.join(known)}", file=sys.stderr
-        )
+    known = [*bench.SCENARIOS, *bench.STRETCH]
+    names = _scenario_names(args.scenarios, list(bench.SCENARIOS), known)
+    if names is None:
         return 2
     return bench.main(names, args.scale, args.seed, args.json, args.plot, args.cost)
 

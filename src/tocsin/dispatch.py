@@ -82,7 +82,7 @@ def staggers(tasks: list[DueTask], settings: Settings, now_ms: int) -> dict[DueT
     return stagger
 
 
-def _execution_arn(state_machine_arn: str, name: str) -> str:
+def execution_arn(state_machine_arn: str, name: str) -> str:
     return f"{state_machine_arn.replace(':stateMachine:', ':execution:')}:{name}"
 
 
@@ -109,7 +109,7 @@ def dispatch(task: DueTask, settings: Settings, store: TaskStore, stagger_s: int
         )["executionArn"]
         outcome = Outcome.STARTED
     except sfn.exceptions.ExecutionAlreadyExists:
-        arn = _execution_arn(settings.state_machine_arn, task.execution_name)
+        arn = execution_arn(settings.state_machine_arn, task.execution_name)
         outcome = Outcome.ALREADY_STARTED
     except Exception as error:  # the task stays PENDING: the next finder run tries again
         outcome = Outcome.THROTTLED if aws.is_transient(error) else Outcome.FAILED

@@ -10,8 +10,8 @@ from tocsin.model import TaskStatus
 
 DUE_INDEX = "DueIndex"
 OWNER_INDEX = "OwnerIndex"
-OWNER_INDEX_KEY = ("task_id", "owner", "due_ms")
-STATUS_AND_VERSION = {"#s": "status", "#v": "version"}  # what a page of OwnerIndex resumes from
+OWNER_INDEX_KEY = ("task_id", "owner", "due_ms")  # what a page of OwnerIndex resumes from
+STATUS_AND_VERSION = {"#s": "status", "#v": "version"}
 
 
 class TaskStore:
@@ -54,17 +54,11 @@ class TaskStore:
 
     def due_in_shard(self, shard: int, until_ms: int) -> Iterator[dict[str, Any]]:
         """PENDING tasks of one shard due at or before `until_ms`, earliest first, all pages."""
-        query: dict[str, Any] = {
-            "IndexName": DUE_INDEX,
-            "KeyConditionExpression": Key("gsi_pk").eq(str(shard))
-            & Key("gsi_due_ms").lte(until_ms),
-        }
-        while True:
-            page = self._table.query(**query)
-            yield from page.get("Items", [])
-            if "LastEvaluatedKey" not in page:
-                return
-            query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        yield from _every_page(
+            self._table.query,
+            IndexName=DUE_INDEX,
+            KeyConditionExpression=Key("gsi_pk").eq(str(shard)) & Key("gsi_due_ms").lte(until_ms),
+        )
 
     def owned(
         self,
@@ -194,13 +188,11 @@ class TaskStore:
 
     def in_status(self, *statuses: TaskStatus) -> Iterator[dict[str, Any]]:
         """Every task in one of `statuses`, by a full scan: for recovery, never on a hot path."""
-        scan: dict[str, Any] = {"FilterExpression": Attr("status").is_in(list(statuses))}
-        while True:
-            page = self._table.scan(ConsistentRead=True, **scan)
-            yield from page.get("Items", [])
-            if "LastEvaluatedKey" not in page:
-                return
-            scan["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        yield from _every_page(
+            self._table.scan,
+            ConsistentRead=True,
+            FilterExpression=Attr("status").is_in(list(statuses)),
+        )
 
     def requeue(self, task_id: str, version: int, index_keys: dict[str, Any], now_iso: str) -> bool:
         """A SCHEDULED or RUNNING task whose execution is gone back to PENDING, in the due
@@ -247,3 +239,13 @@ class TaskStore:
         except self._conditional_failed:
             return None
         return reply.get("Attributes", {})
+
+
+def _every_page(read: Any, **request: Any) -> Iterator[dict[str, Any]]:
+    """The items of a query or scan, page after page."""
+    while True:
+        page = read(**request)
+        yield from page.get("Items", [])
+        if "LastEvaluatedKey" not in page:
+            return
+        request["ExclusiveStartKey"] = page["LastEvaluatedKey"]

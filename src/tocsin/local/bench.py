@@ -31,9 +31,16 @@ from unittest import mock
 from rich.progress import Progress
 
 from tocsin import aws, clock
-from tocsin.dispatch import DueTask, execution_input
+from tocsin.dispatch import DueTask, execution_arn, execution_input
 from tocsin.local.cost import billed_usage
-from tocsin.local.demo import PlannedTask, percentile, summarize
+from tocsin.local.demo import (
+    PlannedTask,
+    lateness_values,
+    peak_memory_mb,
+    percentile,
+    progress_bars,
+    summarize,
+)
 from tocsin.local.receiver import ReceiverProcess
 from tocsin.local.runtime import ACCOUNT_ID, EmbeddedRuntime
 from tocsin.local.server import api_event
@@ -127,8 +134,8 @@ VARIANTS: dict[str, Callable[[EmbeddedRuntime, list[PlannedTask], str], None]] =
 
 def timed_variant(
     bench: Bench, variant: str, offsets: list[int], label: str
-) -> tuple[dict[str, Any], list[int], EmbeddedRuntime]:
-    """Run one variant on a fresh runtime; its figures, its lateness values, the runtime."""
+) -> tuple[dict[str, Any], list[int]]:
+    """Run one variant on a fresh runtime; its figures and its lateness values."""
     parameters = {"LookAheadSeconds": str(LOOKAHEAD_S)}
     runtime = EmbeddedRuntime(parameters, finder_interval_s=FINDER_INTERVAL_S)
     started = time.monotonic()
@@ -140,7 +147,7 @@ def timed_variant(
         VARIANTS[variant](runtime, planned, receiver.url)
         deadline = time.monotonic() + (planned[-1].due_ms - clock.now_ms()) / 1000 + GRACE_S
         while time.monotonic() < deadline:
-            fired = len({a.task_id for a in receiver.received()})  # one request a poll
+            fired = receiver.tasks_arrived()
             bench.progress.update(bar, completed=fired)
             if fired >= len(planned):
                 break
@@ -153,32 +160,21 @@ def timed_variant(
         if bench.cost and variant == "tocsin":
             figures["cost"] = billed_usage(runtime, executions, requests, len(planned))
     bench.progress.remove_task(bar)
-    due = {task.task_id: task.due_ms for task in planned}
-    lateness = _lateness(due, arrivals)
+    lateness = lateness_values(planned, arrivals)
     figures.update(
         abs_error_ms={"p99": percentile([abs(v) for v in lateness], 99)},
         wall_s=round(time.monotonic() - started, 1),
         cpu_ms_per_task=round(cpu_s * 1000 / len(planned), 1),
-        peak_memory_mb=_peak_memory_mb(),
+        peak_memory_mb=peak_memory_mb(),
     )
-    return figures, lateness, runtime
-
-
-def _lateness(due: dict[str, int], arrivals: list[Any]) -> list[int]:
-    first: dict[str, int] = {}
-    for arrival in arrivals:
-        if arrival.task_id in due:
-            first[arrival.task_id] = min(
-                first.get(arrival.task_id, arrival.arrival_ms), arrival.arrival_ms
-            )
-    return [first[task_id] - due[task_id] for task_id in first]
+    return figures, lateness
 
 
 def side_by_side(bench: Bench, label: str, offsets: list[int]) -> dict[str, Any]:
     """The same plan through tocsin, then through the baseline; tocsin's figures with the
     baseline's beside them and the ratio of their p99 absolute errors."""
-    tocsin, tocsin_lateness, _ = timed_variant(bench, "tocsin", offsets, label)
-    baseline, baseline_lateness, _ = timed_variant(bench, "baseline", offsets, label)
+    tocsin, tocsin_lateness = timed_variant(bench, "tocsin", offsets, label)
+    baseline, baseline_lateness = timed_variant(bench, "baseline", offsets, label)
     tocsin_error = max(1, tocsin["abs_error_ms"]["p99"])
     return {
         **tocsin,
@@ -238,7 +234,7 @@ class StartRecorder:
             self._tokens -= 1
             self.starts.setdefault(name, now)
             self.wakes.setdefault(name, json.loads(given)["wake_at"])
-        return _Started(f"{arn.replace(':stateMachine:', ':execution:')}:{name}")
+        return _Started(execution_arn(arn, name))
 
 
 @dataclass(frozen=True)
@@ -315,7 +311,7 @@ def finder_scale(bench: Bench) -> dict[str, Any]:
         "queries": read["queries"],
         "read_per_due": round(read["items"] / due_now, 3),
         "finder_run_s": round(seconds, 2),
-        "peak_memory_mb": _peak_memory_mb(),
+        "peak_memory_mb": peak_memory_mb(),
     }
 
 
@@ -363,7 +359,7 @@ def throttled(bench: Bench) -> dict[str, Any]:
         "bucket": {"burst": burst_size, "refill_per_s": rate},
         "start_rate_per_s": round(achieved, 1),
         "start_rate_of_refill": round(achieved / rate, 3),
-        "peak_memory_mb": _peak_memory_mb(),
+        "peak_memory_mb": peak_memory_mb(),
     }
 
 
@@ -391,10 +387,6 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _peak_memory_mb() -> float:
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-
-
 SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "spread": spread,
     "burst": burst,
@@ -411,10 +403,7 @@ TIMED = ("spread", "burst", "burst-1000")
 
 def run(names: list[str], scale: float, seed: int, cost: bool, console: Any) -> dict[str, Any]:
     """Each named scenario in turn, with progress bars; their figures by name."""
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-
-    columns = (TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn())
-    with Progress(*columns, TimeElapsedColumn(), console=console, transient=True) as progress:
+    with progress_bars(console, label_width=22, transient=True) as progress:
         bench = Bench(progress, random.Random(seed), scale, cost)
         overall = progress.add_task("scenarios", total=len(names))
         results = {}

@@ -39,25 +39,29 @@ def percentile(values: list[int], p: float) -> int:
     return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
 
 
+def lateness_values(planned: list[PlannedTask], arrivals: list[Arrival]) -> list[int]:
+    """First arrival minus due time, for each planned task that arrived."""
+    due = {task.task_id: task.due_ms for task in planned}
+    first: dict[str, int] = {}
+    for arrival in arrivals:
+        if arrival.task_id in due:
+            first[arrival.task_id] = min(
+                first.get(arrival.task_id, arrival.arrival_ms), arrival.arrival_ms
+            )
+    return [first[task_id] - due[task_id] for task_id in first]
+
+
 def summarize(planned: list[PlannedTask], arrivals: list[Arrival]) -> dict[str, Any]:
     """Counts and lateness of what arrived, against what was submitted."""
     due = {task.task_id: task.due_ms for task in planned}
-    first: dict[str, int] = {}
-    early = 0
-    for arrival in arrivals:
-        if arrival.task_id not in due:
-            continue
-        early += arrival.arrival_ms < due[arrival.task_id]
-        first[arrival.task_id] = min(
-            first.get(arrival.task_id, arrival.arrival_ms), arrival.arrival_ms
-        )
-    lateness = [first[task_id] - due[task_id] for task_id in first]
+    ours = [a for a in arrivals if a.task_id in due]
+    lateness = lateness_values(planned, ours)
     return {
         "submitted": len(planned),
-        "fired": len(first),
-        "duplicates": sum(1 for a in arrivals if a.task_id in due) - len(first),
-        "early": early,
-        "lost": len(planned) - len(first),
+        "fired": len(lateness),
+        "duplicates": len(ours) - len(lateness),
+        "early": sum(a.arrival_ms < due[a.task_id] for a in ours),
+        "lost": len(planned) - len(lateness),
         "lateness_ms": {
             "p50": percentile(lateness, 50),
             "p90": percentile(lateness, 90),
@@ -67,13 +71,19 @@ def summarize(planned: list[PlannedTask], arrivals: list[Arrival]) -> dict[str, 
     }
 
 
-def _progress(console: Console) -> Progress:
+def peak_memory_mb() -> float:
+    """This process's peak resident memory so far."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def progress_bars(console: Console, label_width: int = 10, transient: bool = False) -> Progress:
     return Progress(
-        TextColumn("{task.description:<10}"),
+        TextColumn(f"{{task.description:<{label_width}}}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=console,
+        transient=transient,
     )
 
 
@@ -95,7 +105,7 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
         parameters={"LookAheadSeconds": str(options.lookahead_s)},
         finder_interval_s=options.finder_interval_s,
     )
-    with runtime, WebhookReceiver() as receiver, _progress(console) as bar:
+    with runtime, WebhookReceiver() as receiver, progress_bars(console) as bar:
         start = clock.now_ms() + START_DELAY_MS + SUBMIT_ALLOWANCE_MS * tasks
         offsets = sorted(rng.randint(0, int(options.spread_s * 1000)) for _ in range(tasks))
         planned = [PlannedTask(f"demo-{i:05d}", start + offset) for i, offset in enumerate(offsets)]
@@ -125,7 +135,7 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
         runtime.wait_for_executions(timeout_s=5)
         summary = summarize(planned, receiver.received())
     summary["via_finder"] = left_for_finder
-    summary["peak_memory_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    summary["peak_memory_mb"] = peak_memory_mb()
     return summary
 
 

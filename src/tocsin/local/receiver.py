@@ -110,13 +110,18 @@ class WebhookReceiver:
                 self.end_headers()
 
             def do_GET(self) -> None:
-                """`/_arrivals`: what arrived so far, as JSON (for ReceiverProcess)."""
-                if self.path != ARRIVALS_PATH:
+                """`/_arrivals`: what arrived so far, as JSON; `/_arrivals/tasks`: how many
+                tasks arrived at least once (for ReceiverProcess)."""
+                arrivals = receiver.received()
+                if self.path == ARRIVALS_PATH:
+                    listed: Any = [
+                        {**asdict(a), "body": a.body.decode("latin-1")} for a in arrivals
+                    ]
+                elif self.path == f"{ARRIVALS_PATH}/tasks":
+                    listed = len({a.task_id for a in arrivals})
+                else:
                     self.send_error(404)
                     return
-                listed = [
-                    {**asdict(a), "body": a.body.decode("latin-1")} for a in receiver.received()
-                ]
                 answer = json.dumps(listed).encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(answer)))
@@ -151,9 +156,16 @@ class ReceiverProcess:
         self._process.wait(timeout=10)
 
     def received(self) -> list[Arrival]:
-        with urllib.request.urlopen(self.url + ARRIVALS_PATH, timeout=30) as reply:
-            listed = json.load(reply)
+        listed = self._get(ARRIVALS_PATH)
         return [Arrival(**{**a, "body": a["body"].encode("latin-1")}) for a in listed]
+
+    def tasks_arrived(self) -> int:
+        """How many tasks arrived at least once: cheap enough to poll for progress."""
+        return int(self._get(f"{ARRIVALS_PATH}/tasks"))
+
+    def _get(self, path: str) -> Any:
+        with urllib.request.urlopen(self.url + path, timeout=30) as reply:
+            return json.load(reply)
 
 
 if __name__ == "__main__":
