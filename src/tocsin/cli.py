@@ -5,6 +5,7 @@ import json
 import os
 import re
 import sys
+from contextlib import ExitStack
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from tocsin.local.runtime import EmbeddedRuntime
     from tocsin.local.server import serving
+    from tocsin.local.state import StateFileError
 
     # A failed task shows as FAILED, with its error, in the API: not as moto's traceback.
     logging.getLogger("moto.stepfunctions").setLevel(logging.CRITICAL)
@@ -75,7 +77,13 @@ def _serve(args: argparse.Namespace) -> int:
     runtime = EmbeddedRuntime(
         parameters, finder_interval_s=args.finder_interval, state_file=args.state
     )
-    with runtime, serving(runtime, args.port) as url:
+    with ExitStack() as running:
+        try:
+            running.enter_context(runtime)
+        except StateFileError as error:  # the file is left as it was
+            print(f"error: --state: {error}", file=sys.stderr)
+            return 2
+        url = running.enter_context(serving(runtime, args.port))
         print(f"Tocsin API on {url} (caller: X-Tocsin-Principal header). Ctrl-C stops.")
         if args.state:
             requeued = len(runtime.requeued)
@@ -328,6 +336,10 @@ def main(argv: list[str] | None = None) -> int:
         parser().error("--tasks >= 1, --spread > 0, --lookahead >= 5 and --finder-interval > 0")
     if args.command == "bench" and not 0 < args.scale <= 1:
         parser().error("--scale: a fraction in (0, 1]")
+    if args.command == "bench" and args.plot:
+        plot = Path(args.plot)
+        if plot.suffix not in (".png", ".svg", ".pdf") or not plot.parent.is_dir():
+            parser().error(f"--plot: {plot} must be a .png, .svg or .pdf in an existing folder")
     if args.command == "chaos" and args.tasks < 5:
         parser().error("--tasks: at least 5 per scenario (the scenarios split them in fifths)")
     if args.command == "reschedule" and args.at is None and args.payload is None:

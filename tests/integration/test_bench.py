@@ -70,6 +70,13 @@ def test_the_start_stand_in_refuses_beyond_its_bucket():
     assert len(recorder.starts) == 3 and recorder.throttled == 1
 
 
+@pytest.mark.parametrize("plot", ["missing-folder/lateness.png", "lateness.txt"])
+def test_bench_refuses_a_plot_it_could_not_write(tmp_path, capsys, plot):
+    with pytest.raises(SystemExit) as refused:
+        main(["bench", "--scenarios", "spread", "--plot", str(tmp_path / plot)])
+    assert refused.value.code == 2 and "--plot" in capsys.readouterr().err
+
+
 def test_bench_names_unknown_scenarios(capsys):
     assert main(["bench", "--scenarios", "warp"]) == 2
     assert "finder-scale" in capsys.readouterr().err

@@ -9,9 +9,11 @@ import time
 from pathlib import Path
 
 import boto3
+import pytest
 
 from tests.conftest import stored, wait_for_status, webhook_task
 from tocsin import Client, clock
+from tocsin.cli import main
 from tocsin.local.runtime import LOCAL_PARAMETERS, EmbeddedRuntime
 from tocsin.settings import settings
 from tocsin.submit import submit_task
@@ -102,3 +104,13 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"tables": {}}', "[]"])
+def test_serve_refuses_a_state_file_it_cannot_read_and_leaves_it_alone(tmp_path, capsys, content):
+    state_file = tmp_path / "tocsin.json"
+    state_file.write_text(content)
+    assert main(["serve", "--port", str(free_port()), "--state", str(state_file)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: --state:") and str(state_file) in error
+    assert state_file.read_text() == content

@@ -22,6 +22,11 @@ from tocsin.store import TaskStore
 from tocsin.submit import due_index_keys
 
 BATCH = 25  # BatchWriteItem's limit
+PARTS = {"tables", "queues", "secrets"}
+
+
+class StateFileError(ValueError):
+    """The state file cannot be read as a snapshot: the runtime does not start on it."""
 
 
 def snapshot(stack_name: str) -> dict[str, Any]:
@@ -78,7 +83,13 @@ def load(path: Path) -> dict[str, Any] | None:
     """A snapshot saved by `save`, or None when there is none yet."""
     if not path.exists():
         return None
-    return json.loads(path.read_text())
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise StateFileError(f"{path} cannot be read: {error}") from error
+    if not isinstance(saved, dict) or set(saved) != PARTS:
+        raise StateFileError(f"{path} is not a Tocsin state file ({', '.join(sorted(PARTS))})")
+    return saved
 
 
 def save(path: Path, state: dict[str, Any]) -> None:
