@@ -98,8 +98,8 @@ def _sfn() -> Any:
     return aws.client("stepfunctions", retry_mode="standard", max_attempts=SFN_RETRIES)
 
 
-def dispatch(task: DueTask, settings: Settings, store: TaskStore, stagger_s: int = 0) -> Outcome:
-    """Start the task's execution, then mark it SCHEDULED."""
+def start(task: DueTask, settings: Settings, stagger_s: int = 0) -> tuple[Outcome, str | None]:
+    """Start the task's execution; the outcome and the execution's ARN (None if not started)."""
     sfn = _sfn()
     try:
         arn = sfn.start_execution(
@@ -107,17 +107,23 @@ def dispatch(task: DueTask, settings: Settings, store: TaskStore, stagger_s: int
             name=task.execution_name,
             input=json.dumps(execution_input(task, settings, stagger_s), sort_keys=True),
         )["executionArn"]
-        outcome = Outcome.STARTED
+        return Outcome.STARTED, arn
     except sfn.exceptions.ExecutionAlreadyExists:
         arn = execution_arn(settings.state_machine_arn, task.execution_name)
-        outcome = Outcome.ALREADY_STARTED
+        return Outcome.ALREADY_STARTED, arn
     except Exception as error:  # the task stays PENDING: the next finder run tries again
         outcome = Outcome.THROTTLED if aws.is_transient(error) else Outcome.FAILED
         logger.warning(
             "start failed", task_id=task.task_id, outcome=outcome, error=aws.error_code(error)
         )
-        return outcome
-    store.mark_scheduled(task.task_id, task.version, arn)
+        return outcome, None
+
+
+def dispatch(task: DueTask, settings: Settings, store: TaskStore, stagger_s: int = 0) -> Outcome:
+    """Start the task's execution, then mark it SCHEDULED."""
+    outcome, arn = start(task, settings, stagger_s)
+    if arn is not None:
+        store.mark_scheduled(task.task_id, task.version, arn)
     return outcome
 
 
@@ -164,8 +170,12 @@ def dispatch_if_due_soon(
     due_ms = int(item["due_ms"])  # an int, or a Decimal when read back from DynamoDB
     if due_ms > clock.now_ms() + settings.lookahead_s * 1000:
         return item
-    dispatch(DueTask(due_ms, item["task_id"], int(item["version"])), settings, store)
-    return store.get(item["task_id"]) or item
+    _, arn = start(DueTask(due_ms, item["task_id"], int(item["version"])), settings)
+    if arn is None:
+        return item
+    # Marked, the task as it now is; not marked, its execution (or a cancel) got there first.
+    marked = store.mark_scheduled(item["task_id"], int(item["version"]), arn, "ALL_NEW")
+    return marked or store.get(item["task_id"]) or item
 
 
 def stop_execution(execution_arn: str, reason: str) -> None:

@@ -33,13 +33,16 @@ class TaskStore:
         reply = self._table.get_item(Key={"task_id": task_id}, ConsistentRead=True)
         return reply.get("Item")
 
-    def mark_scheduled(self, task_id: str, version: int, execution_arn: str) -> bool:
+    def mark_scheduled(
+        self, task_id: str, version: int, execution_arn: str, returning: str = "NONE"
+    ) -> dict[str, Any] | None:
         """Record that an execution exists and take the task out of the due index.
 
-        Only a task still PENDING at the same version is marked: a claim, cancel or
-        reschedule that got there first wins.
+        Only a task still PENDING at the same version is marked (a claim, cancel or
+        reschedule that got there first wins): None if it was not, else the attributes
+        asked for by `returning`.
         """
-        done = self._update(
+        return self._update(
             task_id,
             "SET #s = :scheduled, execution_arn = :arn REMOVE gsi_pk, gsi_due_ms",
             "#s = :pending AND #v = :v",
@@ -49,8 +52,8 @@ class TaskStore:
                 ":arn": execution_arn,
                 ":v": version,
             },
+            returning=returning,
         )
-        return done is not None
 
     def due_in_shard(self, shard: int, until_ms: int) -> Iterator[dict[str, Any]]:
         """PENDING tasks of one shard due at or before `until_ms`, earliest first, all pages."""
