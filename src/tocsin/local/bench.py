@@ -413,23 +413,22 @@ def run(names: list[str], scale: float, seed: int, cost: bool, console: Any) -> 
     return results
 
 
+# Figures that break a promise when not zero, by scenario.
+MUST_BE_ZERO = {
+    **{name: ("early", "duplicates", "lost") for name in TIMED},
+    "finder-scale": ("started_not_due", "due_not_started"),
+    "throttled": ("not_started", "started_after_wake"),
+}
+
+
 def problems(results: dict[str, Any]) -> list[str]:
     """What broke a promise: tocsin early, duplicated or lost; a finder that missed."""
-    found = []
-    for name, figures in results.items():
-        if name in TIMED:
-            found += [
-                f"{name}: {k} {figures[k]}" for k in ("early", "duplicates", "lost") if figures[k]
-            ]
-        elif name == "finder-scale":
-            for key in ("started_not_due", "due_not_started"):
-                if figures[key]:
-                    found.append(f"{name}: {key} {figures[key]}")
-        elif name == "throttled":
-            for key in ("not_started", "started_after_wake"):
-                if figures[key]:
-                    found.append(f"{name}: {key} {figures[key]}")
-    return found
+    return [
+        f"{name}: {key} {figures[key]}"
+        for name, figures in results.items()
+        for key in MUST_BE_ZERO[name]
+        if figures[key]
+    ]
 
 
 TIMING_ROWS: list[tuple[str, Callable[[dict[str, Any]], Any]]] = [
