@@ -285,9 +285,10 @@ class EmbeddedRuntime:
 
     def _tune_interpreter(self) -> None:
         """Until the stop: what the start built is out of the collector's generations, young
-        objects are collected less often, and threads switch every millisecond."""
+        objects are collected less often, and threads switch every millisecond. No
+        collection first (a few hundred ms a start): the start's garbage, frozen with the
+        rest, is collected after the stop."""
         thresholds, interval = gc.get_threshold(), sys.getswitchinterval()
-        gc.collect()
         gc.freeze()
         gc.set_threshold(YOUNG_GC_THRESHOLD, *thresholds[1:])
         sys.setswitchinterval(SWITCH_INTERVAL_S)
