@@ -4,6 +4,8 @@ Each DLQ message holds the execution's state, with `task_id` and `version`. A ta
 FAILED at that version goes back to PENDING as version + 1, in the due index with its
 attempts reset, and fires at once (its due time has passed). The message is deleted
 once the task is redriven, or when it no longer applies (the task changed or is gone).
+A task is redriven once per run: if it fails again before the run ends, that dead letter
+stays on the queue for the next run, instead of the run chasing it version after version.
 """
 
 import json
@@ -17,6 +19,8 @@ from tocsin.dispatch import dispatch_if_due_soon
 from tocsin.settings import Settings
 from tocsin.store import TaskStore
 from tocsin.submit import due_index_keys
+
+FAILED_AGAIN = "failed again, left for the next run"
 
 
 @dataclass
@@ -58,18 +62,23 @@ def redrive(
     store = TaskStore(config.tasks_table)
     sqs = aws.client("sqs")
     report = RedriveReport()
-    kept = []  # left on the queue: unreadable, or a dry run; visible again at the end
+    redriven: set[str] = set()
+    kept = []  # left on the queue (unreadable, a dry run, failed again); visible at the end
     for message in _messages(queue_url):
         found = _failed_version(message)
         if found is None:
             outcome, task_id, version = "unreadable", "?", 0
+        elif found[0] in redriven:
+            (task_id, version), outcome = found, FAILED_AGAIN
         else:
             task_id, version = found
             outcome = _redrive_one(store, config, task_id, version, dry_run)
+        if outcome == "redriven":
+            redriven.add(task_id)
         report.add(task_id, version, outcome)
         if progress:
             progress(task_id, version, outcome)
-        if dry_run or outcome == "unreadable":
+        if dry_run or outcome in ("unreadable", FAILED_AGAIN):
             kept.append(message["ReceiptHandle"])
         else:
             sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])

@@ -8,7 +8,7 @@ from tests.conftest import stored, wait_for_status, webhook_task
 from tocsin import clock
 from tocsin.cli import main
 from tocsin.local.runtime import STACK_NAME
-from tocsin.redrive import redrive
+from tocsin.redrive import FAILED_AGAIN, redrive
 from tocsin.settings import settings
 from tocsin.submit import submit_task
 
@@ -51,3 +51,18 @@ def test_cli_dry_run_reports_and_changes_nothing_then_redrives(runtime, receiver
     out = capsys.readouterr().out
     assert "dry" in out and "redriven" in out
     assert stored("dry")["version"] == 2
+
+
+def test_a_task_failing_again_is_redriven_once_per_run(runtime, receiver):
+    failed_task(runtime, receiver, "again")  # the target keeps answering 410
+
+    def fail_again_before_the_next_read(task_id: str, version: int, outcome: str) -> None:
+        if outcome == "redriven":  # version 2 fails, and its dead letter lands, mid-run
+            wait_for_status(task_id, {"FAILED"})
+            assert runtime.wait_for_executions(10)
+
+    queue = runtime.dead_letter_queue_url
+    report = redrive(queue, settings(), progress=fail_again_before_the_next_read)
+    assert report.tasks == [("again", 1, "redriven"), ("again", 2, FAILED_AGAIN)]
+    assert stored("again")["version"] == 2
+    assert dead_letters(runtime) == 1  # version 2's, for the next run
