@@ -29,6 +29,7 @@ from moto.core.exceptions import JsonRESTError
 
 from tocsin import aws, clock
 from tocsin.errors import PermanentTargetError, TransientTargetError
+from tocsin.local.dynamodb_process import Fault
 from tocsin.local.receiver import WebhookReceiver
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.local.server import api_event
@@ -245,21 +246,12 @@ def throttled_starts(trial: Trial, tasks: int) -> None:
 
 def dynamodb_faults(trial: Trial, tasks: int) -> None:
     """A third of UpdateItem calls (claims, marks) are throttled or fail with a 500."""
-    from moto.dynamodb.models import DynamoDBBackend
-
-    update = DynamoDBBackend.update_item
-
-    def flaky(backend: Any, *args: Any, **kwargs: Any) -> Any:
-        roll = trial.roll()
-        if roll < 1 / 6:
-            raise JsonRESTError("ProvisionedThroughputExceededException", "Slow down")
-        if roll < 1 / 3:
-            error = JsonRESTError("InternalServerError", "Internal server error")
-            error.code = 500
-            raise error
-        return update(backend, *args, **kwargs)
-
-    trial.exits.enter_context(mock.patch.object(DynamoDBBackend, "update_item", flaky))
+    faults = [
+        Fault("ProvisionedThroughputExceededException", 400, 1 / 6),
+        Fault("InternalServerError", 500, 1 / 6),
+    ]
+    # In the DynamoDB process, which ends with the runtime: no need to take them back.
+    trial.runtime.dynamodb.set_faults("UpdateItem", faults, seed=trial.rng.randrange(2**32))
     trial.store(tasks, "dynamodb")
     trial.finder_until_done()
 

@@ -3,7 +3,6 @@
 import json
 import math
 import random
-import resource
 import sys
 import time
 from dataclasses import dataclass
@@ -71,11 +70,6 @@ def summarize(planned: list[PlannedTask], arrivals: list[Arrival]) -> dict[str, 
     }
 
 
-def peak_memory_mb() -> float:
-    """This process's peak resident memory so far."""
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-
-
 def progress_bars(console: Console, label_width: int = 10, transient: bool = False) -> Progress:
     return Progress(
         TextColumn(f"{{task.description:<{label_width}}}"),
@@ -135,7 +129,7 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
         runtime.wait_for_executions(timeout_s=5)
         summary = summarize(planned, receiver.received())
     summary["via_finder"] = left_for_finder
-    summary["peak_memory_mb"] = peak_memory_mb()
+    summary["peak_memory_mb"] = runtime.footprint()["peak_memory_mb"]
     return summary
 
 

@@ -16,9 +16,12 @@
 * On AWS each gate sleeps in its own Lambda; here every gate shares one GIL with moto. The
   interpreter's switch interval is 1 ms instead of 5, so a thread leaving its gate gets
   the GIL back sooner from a thread that is busy.
+* DynamoDB runs in a child process (`tocsin.local.dynamodb_process`), so its share of the
+  work uses the second core; every client here reaches it through
+  AWS_ENDPOINT_URL_DYNAMODB. The stack's tables are made there again after the stack.
 * DynamoDB requests and StartExecution are atomic on AWS; moto's are plain Python (a
-  conditional update reads, copies and writes the item in steps), so they run under one
-  lock here to behave the same way when threads race.
+  conditional update reads, copies and writes the item in steps), so each runs under a
+  lock here (DynamoDB's in its process) to behave the same way when threads race.
 * moto's SQS-to-Lambda mapping runs inside SendMessage with fixed attributes; the runtime
   polls the mapped queues itself, as Lambda does (see `tocsin.local.queues`).
 * The finder runs on a ticker, with a shorter interval and look-ahead than on AWS; its
@@ -52,6 +55,8 @@ from typing import Any
 from unittest import mock
 
 from tocsin.local import state
+from tocsin.local.dynamodb_process import DynamoDBProcess, process_usage
+from tocsin.local.moto_history import no_model_history
 from tocsin.local.queues import QueueMapping, poll, take_over_mappings
 
 ACCOUNT_ID = "123456789012"
@@ -230,6 +235,8 @@ class EmbeddedRuntime:
 
     def _start(self) -> None:
         self._exits.enter_context(mock.patch.dict(os.environ, PROCESS_ENVIRONMENT))
+        self.dynamodb = DynamoDBProcess(dict(os.environ))  # starts while the rest is built
+        self._exits.callback(self.dynamodb.stop)
         self._exits.enter_context(warnings.catch_warnings())
         warnings.filterwarnings("ignore", message="No application metrics to publish")
         warnings.filterwarnings("ignore", message="Tried to parse AWS::")
@@ -250,6 +257,7 @@ class EmbeddedRuntime:
         self._forget_process_caches()
         template, self._code_dirs = translate(self.root / "template.yaml", self.parameters)
         stack, self._substitutions = create_stack(template, self.parameters)
+        self._move_tables()
         saved = state.load(self.state_file) if self.state_file else None
         if saved:
             state.restore(STACK_NAME, saved)
@@ -314,6 +322,16 @@ class EmbeddedRuntime:
             # No CloudWatch here: drop the invocation's metrics (Powertools keeps them when
             # disabled, and prints them once 100 values pile up).
             metrics.clear_metrics()
+
+    def footprint(self) -> dict[str, Any]:
+        """CPU seconds and peak memory (MiB) of this process and the DynamoDB process
+        together, and DynamoDB's requests by action; after the stop, as they were then."""
+        own, tables = process_usage(), self.dynamodb.usage()
+        return {
+            "cpu_s": own["cpu_s"] + tables["cpu_s"],
+            "peak_memory_mb": own["peak_memory_mb"] + tables["peak_memory_mb"],
+            "dynamodb_requests": Counter(tables["requests"]),
+        }
 
     def run_finder(self) -> Any:
         return self.invoke("FinderFunction", scheduled_event())
@@ -412,6 +430,20 @@ class EmbeddedRuntime:
 
     # -- moto seams --------------------------------------------------------------------------
 
+    def _move_tables(self) -> None:
+        """The stack's tables, as moto's CloudFormation made them here, are made again in the
+        DynamoDB process; from now on every client in this process goes there."""
+        import boto3
+
+        here = boto3.client("dynamodb")
+        names = here.list_tables()["TableNames"]
+        tables = [here.describe_table(TableName=name)["Table"] for name in names]
+        endpoint = self.dynamodb.wait_until_ready()
+        self.dynamodb.create_tables(tables)
+        environment = {"AWS_ENDPOINT_URL_DYNAMODB": endpoint}
+        self._exits.enter_context(mock.patch.dict(os.environ, environment))
+        self._forget_process_caches()
+
     @staticmethod
     def _unhook_schedule_rules() -> None:
         """moto matches every PutEvents event against schedule rules too, and cannot deliver
@@ -426,17 +458,14 @@ class EmbeddedRuntime:
 
     def _patch_backends(self) -> None:
         from moto.awslambda.models import LambdaBackend
-        from moto.dynamodb.responses import DynamoHandler
         from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
         from moto.stepfunctions.parser.models import StepFunctionsParserBackend
 
         lock = threading.RLock()
-        for owner, name in (
-            (DynamoHandler, "call_action"),
-            (StepFunctionsParserBackend, "start_execution"),
-        ):
-            locked = _serialised(getattr(owner, name), lock)
-            self._exits.enter_context(mock.patch.object(owner, name, locked))
+        locked = _serialised(StepFunctionsParserBackend.start_execution, lock)
+        self._exits.enter_context(
+            mock.patch.object(StepFunctionsParserBackend, "start_execution", locked)
+        )
         runtime = self
 
         def invoke(
@@ -466,24 +495,15 @@ class EmbeddedRuntime:
             self._exits.enter_context(mock.patch.object(module, "parse", cached))
 
     def _keep_no_history(self) -> None:
-        """moto records every model object in a class list for its dashboard (an Item for
-        each copy an UpdateItem makes), and its interpreter every thread it starts: both
-        lists only grow. Here neither is kept, and moto looks up a handler's methods once
-        per class rather than on every request."""
-        from moto.core import responses
-        from moto.core.common_models import BaseModel
+        """moto keeps every model object (`no_model_history`), and its interpreter every
+        thread it starts: both lists only grow. Here neither is kept."""
         from moto.stepfunctions.parser.asl.parse import asl_parser  # noqa: F401 (its modules)
 
-        def untracked(cls: type, *args: Any, **kwargs: Any) -> Any:
-            return object.__new__(cls)
-
-        self._exits.enter_context(mock.patch.object(BaseModel, "__new__", untracked))
+        self._exits.enter_context(no_model_history())
         running_only = _RunningThreads()
         for name, module in list(sys.modules.items()):
             if name.startswith("moto.stepfunctions.parser") and hasattr(module, "TMP_THREADS"):
                 self._exits.enter_context(mock.patch.object(module, "TMP_THREADS", running_only))
-        cached = functools.cache(responses.method_names_from_class)
-        self._exits.enter_context(mock.patch.object(responses, "method_names_from_class", cached))
 
     def _share_service_clients(self) -> None:
         """moto builds a new boto3 client for every service task (~5-100 ms of CPU each, three

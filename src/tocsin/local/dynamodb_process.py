@@ -1,0 +1,232 @@
+"""DynamoDB in a process of its own, so the embedded runtime uses the machine's second core.
+
+Everything else the runtime runs shares one interpreter lock. moto's DynamoDB took about
+40 % of it (py-spy, `tocsin bench` spread 1,000: each request parses its expressions and
+copies the item), so it runs here, in a child process behind a local HTTP endpoint. The
+runtime's clients reach it through AWS_ENDPOINT_URL_DYNAMODB, botocore's own setting:
+handlers, Powertools and moto's state machine interpreter use it unchanged.
+
+The child answers with moto's own request handling, one request at a time, as
+DynamoDB's conditional writes are atomic. Two paths beside the API are the runtime's:
+`GET /_tocsin/usage` (requests by action, CPU seconds, peak memory) and
+`POST /_tocsin/faults` (a share of one action's requests refused, for `tocsin chaos`).
+"""
+
+import contextlib
+import json
+import random
+import resource
+import subprocess
+import sys
+import threading
+import urllib.request
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from tocsin.local.moto_history import no_model_history
+
+DYNAMODB_URL = "https://dynamodb.us-east-1.amazonaws.com"
+USAGE_PATH, FAULTS_PATH = "/_tocsin/usage", "/_tocsin/faults"
+ERROR_TYPE_PREFIX = "com.amazonaws.dynamodb.v20120810#"
+READY_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Fault:
+    """An error DynamoDB can answer with, and the share of requests that get it."""
+
+    code: str
+    status: int
+    share: float
+
+
+def process_usage() -> dict[str, float]:
+    """This process's CPU seconds so far and its peak resident memory (MiB)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return {"cpu_s": own.ru_utime + own.ru_stime, "peak_memory_mb": round(own.ru_maxrss / 1024, 1)}
+
+
+# -- the child ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Service:
+    """What the child's request threads share."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    requests: Counter[str] = field(default_factory=Counter)
+    faults: dict[str, list[Fault]] = field(default_factory=dict)
+    rng: random.Random = field(default_factory=random.Random)
+
+    def fault_for(self, action: str) -> Fault | None:
+        """Under the lock: count the request, and pick the fault it meets, if any."""
+        self.requests[action] += 1
+        roll, below = self.rng.random(), 0.0
+        for fault in self.faults.get(action, []):
+            below += fault.share
+            if roll < below:
+                return fault
+        return None
+
+    def usage(self) -> dict[str, Any]:
+        return {"requests": dict(self.requests), **process_usage()}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # botocore keeps its connections open
+    service = _Service()
+
+    def do_GET(self) -> None:
+        if self.path != USAGE_PATH:
+            return self._reply(404, {}, b"")
+        with self.service.lock:
+            self._reply(200, {}, json.dumps(self.service.usage()).encode())
+
+    def do_POST(self) -> None:
+        from botocore.awsrequest import AWSPreparedRequest
+        from moto.core.models import botocore_stubber
+
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path == FAULTS_PATH:
+            return self._set_faults(json.loads(body))
+        action = self.headers.get("X-Amz-Target", "").rpartition(".")[2]
+        request = AWSPreparedRequest(
+            "POST", DYNAMODB_URL + self.path, dict(self.headers), body, stream_output=False
+        )
+        with self.service.lock:
+            fault = self.service.fault_for(action)
+            if fault is None:
+                status, headers, answer = botocore_stubber.process_request(request)
+        if fault is not None:
+            error = {"__type": ERROR_TYPE_PREFIX + fault.code, "message": "injected fault"}
+            headers = {"x-amzn-RequestId": str(uuid.uuid4())}  # as every AWS answer has
+            return self._reply(fault.status, headers, json.dumps(error).encode())
+        self._reply(status, headers, answer.encode() if isinstance(answer, str) else answer)
+
+    def _set_faults(self, faults: dict[str, Any]) -> None:
+        with self.service.lock:
+            self.service.rng.seed(faults["seed"])
+            self.service.faults = {
+                action: [Fault(**fault) for fault in listed]
+                for action, listed in faults["actions"].items()
+            }
+        self._reply(200, {}, b"{}")
+
+    def _reply(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.send_response(status)
+        for name, value in headers.items():
+            if name.lower() not in ("content-length", "server", "date"):
+                self.send_header(name, value)
+        self.send_header("Content-Type", headers.get("Content-Type", "application/x-amz-json-1.0"))
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        """Quiet: the runtime's clients see every answer."""
+
+
+def serve() -> None:
+    """The child's life: moto's DynamoDB on a free local port (printed), until stdin closes."""
+    from moto import mock_aws
+
+    with mock_aws(), no_model_history():
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        print(server.server_address[1], flush=True)
+        sys.stdin.read()  # the parent closes it at its stop, or by exiting
+        server.shutdown()
+
+
+# -- the parent -----------------------------------------------------------------------------
+
+
+class DynamoDBProcess:
+    """The child process, seen from the runtime: start, endpoint, tables, usage, stop."""
+
+    def __init__(self, environment: dict[str, str]):
+        self._child = subprocess.Popen(
+            [sys.executable, "-m", "tocsin.local.dynamodb_process"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=environment,
+            text=True,
+        )
+        self.endpoint = ""
+        self._last_usage: dict[str, Any] = {"requests": {}, "cpu_s": 0.0, "peak_memory_mb": 0.0}
+
+    def wait_until_ready(self) -> str:
+        """The endpoint, once the child listens (it started while the parent built the rest)."""
+        assert self._child.stdout is not None
+        ready = threading.Event()
+        port: list[str] = []
+
+        def read_port() -> None:
+            port.append(self._child.stdout.readline().strip())  # type: ignore[union-attr]
+            ready.set()
+
+        threading.Thread(target=read_port, daemon=True).start()
+        if not ready.wait(READY_TIMEOUT_S) or not port[0].isdigit():
+            raise RuntimeError(f"the DynamoDB process did not start (exit {self._child.poll()})")
+        self.endpoint = f"http://127.0.0.1:{port[0]}"
+        return self.endpoint
+
+    def create_tables(self, descriptions: list[dict[str, Any]]) -> None:
+        """Create tables as described (DescribeTable's shape), keys and indexes."""
+        import boto3
+
+        client = boto3.client("dynamodb", endpoint_url=self.endpoint)
+        for table in descriptions:
+            indexes = {
+                kind: [
+                    {key: index[key] for key in ("IndexName", "KeySchema", "Projection")}
+                    for index in table[kind]
+                ]
+                for kind in ("GlobalSecondaryIndexes", "LocalSecondaryIndexes")
+                if table.get(kind)
+            }
+            client.create_table(
+                TableName=table["TableName"],
+                KeySchema=table["KeySchema"],
+                AttributeDefinitions=table["AttributeDefinitions"],
+                BillingMode="PAY_PER_REQUEST",
+                **indexes,
+            )
+
+    def usage(self) -> dict[str, Any]:
+        """Requests by action, CPU seconds and peak memory (MiB); at the stop, as they were."""
+        if self.endpoint and self._child.poll() is None:
+            with urllib.request.urlopen(self.endpoint + USAGE_PATH, timeout=10) as reply:
+                self._last_usage = json.loads(reply.read())
+        return self._last_usage
+
+    def set_faults(self, action: str, faults: list[Fault], seed: int) -> None:
+        """From now on, `action` requests meet these faults at their shares (none: cleared)."""
+        body = {"seed": seed, "actions": {action: [vars(fault) for fault in faults]}}
+        request = urllib.request.Request(
+            self.endpoint + FAULTS_PATH, data=json.dumps(body).encode(), method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=10):
+            pass
+
+    def stop(self) -> None:
+        if self._child.poll() is None:
+            with contextlib.suppress(OSError):  # never got ready, or went down
+                self.usage()
+        assert self._child.stdin is not None
+        self._child.stdin.close()
+        try:
+            self._child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._child.kill()
+            self._child.wait()
+        if self._child.stdout is not None:
+            self._child.stdout.close()
+
+
+if __name__ == "__main__":
+    serve()
