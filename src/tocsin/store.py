@@ -1,9 +1,12 @@
-"""The Tasks table: every read and conditional write the domain makes, in one place."""
+"""The Tasks table: every read and conditional write the domain makes, in one place.
+
+Expressions are written as strings. boto3's condition objects (`Key`, `Attr`) go through
+one placeholder builder per resource that every call resets, so two threads sharing the
+table could swap each other's names mid-build (a finder query once named the wrong key).
+"""
 
 from collections.abc import Iterator
 from typing import Any
-
-from boto3.dynamodb.conditions import Attr, Key
 
 from tocsin import aws
 from tocsin.model import TaskStatus
@@ -60,7 +63,8 @@ class TaskStore:
         yield from _every_page(
             self._table.query,
             IndexName=DUE_INDEX,
-            KeyConditionExpression=Key("gsi_pk").eq(str(shard)) & Key("gsi_due_ms").lte(until_ms),
+            KeyConditionExpression="gsi_pk = :shard AND gsi_due_ms <= :until",
+            ExpressionAttributeValues={":shard": str(shard), ":until": until_ms},
         )
 
     def owned(
@@ -74,22 +78,29 @@ class TaskStore:
     ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """Up to `limit` of one owner's tasks, earliest due first (strict bounds), and the key
         to resume from (None when there are no more)."""
-        key = Key("owner").eq(owner)
         low = None if due_after_ms is None else due_after_ms + 1
         high = None if due_before_ms is None else due_before_ms - 1
+        names, values = {"#o": "owner"}, {":owner": owner}
+        key = "#o = :owner"
         if low is not None and high is not None:
-            key &= Key("due_ms").between(low, high)
+            key += " AND due_ms BETWEEN :low AND :high"
         elif low is not None:
-            key &= Key("due_ms").gte(low)
+            key += " AND due_ms >= :low"
         elif high is not None:
-            key &= Key("due_ms").lte(high)
+            key += " AND due_ms <= :high"
+        values.update({name: v for name, v in ((":low", low), (":high", high)) if v is not None})
+        if status is not None:
+            names["#s"] = "status"
+            values[":status"] = status.value
         query: dict[str, Any] = {
             "IndexName": OWNER_INDEX,
             "KeyConditionExpression": key,
+            "ExpressionAttributeNames": names,
+            "ExpressionAttributeValues": values,
             "Limit": limit,
         }
         if status is not None:
-            query["FilterExpression"] = Attr("status").eq(status.value)
+            query["FilterExpression"] = "#s = :status"
         if start is not None:
             query["ExclusiveStartKey"] = start
         items: list[dict[str, Any]] = []
@@ -191,10 +202,13 @@ class TaskStore:
 
     def in_status(self, *statuses: TaskStatus) -> Iterator[dict[str, Any]]:
         """Every task in one of `statuses`, by a full scan: for recovery, never on a hot path."""
+        values = {f":s{i}": status.value for i, status in enumerate(statuses)}
         yield from _every_page(
             self._table.scan,
             ConsistentRead=True,
-            FilterExpression=Attr("status").is_in(list(statuses)),
+            FilterExpression=f"#s IN ({', '.join(values)})",
+            ExpressionAttributeNames={"#s": "status"},
+            ExpressionAttributeValues=values,
         )
 
     def requeue(self, task_id: str, version: int, index_keys: dict[str, Any], now_iso: str) -> bool:
