@@ -89,9 +89,6 @@ class TaskStore:
         elif high is not None:
             key += " AND due_ms <= :high"
         values.update({name: v for name, v in ((":low", low), (":high", high)) if v is not None})
-        if status is not None:
-            names["#s"] = "status"
-            values[":status"] = status.value
         query: dict[str, Any] = {
             "IndexName": OWNER_INDEX,
             "KeyConditionExpression": key,
@@ -100,6 +97,8 @@ class TaskStore:
             "Limit": limit,
         }
         if status is not None:
+            names["#s"] = "status"
+            values[":status"] = status.value
             query["FilterExpression"] = "#s = :status"
         if start is not None:
             query["ExclusiveStartKey"] = start

@@ -116,11 +116,15 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(200, {}, b"{}")
 
     def _reply(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        """moto's headers, each once, without the ones this server writes itself (moto's
+        dict also carries the status, and its content type under either spelling)."""
+        sent = {name.lower(): value for name, value in headers.items()}
+        for own in ("content-length", "server", "date", "status"):
+            sent.pop(own, None)
+        sent.setdefault("content-type", "application/x-amz-json-1.0")
         self.send_response(status)
-        for name, value in headers.items():
-            if name.lower() not in ("content-length", "server", "date"):
-                self.send_header(name, value)
-        self.send_header("Content-Type", headers.get("Content-Type", "application/x-amz-json-1.0"))
+        for name, value in sent.items():
+            self.send_header(name, value)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
