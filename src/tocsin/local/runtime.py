@@ -329,7 +329,7 @@ class EmbeddedRuntime:
         own, tables = process_usage(), self.dynamodb.usage()
         return {
             "cpu_s": own["cpu_s"] + tables["cpu_s"],
-            "peak_memory_mb": own["peak_memory_mb"] + tables["peak_memory_mb"],
+            "peak_memory_mb": round(own["peak_memory_mb"] + tables["peak_memory_mb"], 1),
             "dynamodb_requests": Counter(tables["requests"]),
         }
 
