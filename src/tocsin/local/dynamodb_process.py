@@ -77,6 +77,10 @@ class _Service:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # botocore keeps its connections open
+    # The answer goes out in two writes (head, then body). With Nagle's algorithm on, the
+    # body waits for the client's delayed ACK of the head: 40 ms per request, 20 a second
+    # on a connection (measured: 304 a second once off).
+    disable_nagle_algorithm = True
     service = _Service()
 
     def do_GET(self) -> None:
