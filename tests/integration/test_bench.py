@@ -3,11 +3,14 @@
 
 import json
 
+import boto3
 import pytest
-from moto.core.exceptions import JsonRESTError
+from botocore.config import Config
+from botocore.exceptions import ClientError
+from moto import mock_aws
 
 from tocsin.cli import main
-from tocsin.local.bench import StartRecorder, baseline_definition
+from tocsin.local.bench import StartRecorder, baseline_definition, recording_starts
 from tocsin.local.runtime import EmbeddedRuntime
 
 
@@ -59,15 +62,30 @@ def test_the_baseline_waits_on_due_at_and_has_no_gate():
     assert changed == {"WaitUntilWake", *executors}
 
 
-def test_the_start_stand_in_refuses_beyond_its_bucket():
-    recorder = StartRecorder(burst=3, rate=0.0)
-    arn = "arn:aws:states:us-east-1:123456789012:stateMachine:m"
+@mock_aws
+def test_the_start_stand_in_answers_in_the_services_place_and_refuses_beyond_its_bucket():
+    sfn = boto3.client(
+        "stepfunctions", config=Config(region_name="us-east-1", retries={"max_attempts": 0})
+    )
+    arn = sfn.create_state_machine(
+        name="m",
+        definition=json.dumps({"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}}),
+        roleArn="arn:aws:iam::123456789012:role/r",
+    )["stateMachineArn"]
     given = json.dumps({"wake_at": "2030-01-01T00:00:00Z"})
-    for i in range(3):
-        recorder.start_execution(arn, f"t{i}-v1", given)
-    with pytest.raises(JsonRESTError):
-        recorder.start_execution(arn, "t3-v1", given)
-    assert len(recorder.starts) == 3 and recorder.throttled == 1
+    with recording_starts(StartRecorder(burst=3, rate=0.0)) as recorder:
+        started = [
+            sfn.start_execution(stateMachineArn=arn, name=f"t{i}-v1", input=given) for i in range(3)
+        ]
+        with pytest.raises(ClientError) as refused:
+            sfn.start_execution(stateMachineArn=arn, name="t3-v1", input=given)
+    assert refused.value.response["Error"]["Code"] == "ThrottlingException"
+    assert started[0]["executionArn"].endswith(":execution:m:t0-v1")
+    assert set(recorder.starts) == {"t0-v1", "t1-v1", "t2-v1"} and recorder.throttled == 1
+    assert recorder.wakes["t0-v1"] == "2030-01-01T00:00:00Z"
+    assert sfn.list_executions(stateMachineArn=arn)["executions"] == []  # moto started none
+    sfn.start_execution(stateMachineArn=arn, name="t4-v1", input=given)  # outside: moto's
+    assert [e["name"] for e in sfn.list_executions(stateMachineArn=arn)["executions"]] == ["t4-v1"]
 
 
 @pytest.mark.parametrize("plot", ["missing-folder/lateness.png", "lateness.txt"])

@@ -14,6 +14,7 @@ scenarios replace StartExecution with a recorder (a token bucket in `throttled`)
 measure the finder's reads and pacing, not the executions.
 """
 
+import io
 import json
 import math
 import random
@@ -23,10 +24,11 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 from unittest import mock
 
+from botocore.awsrequest import AWSPreparedRequest, AWSResponse
 from rich.progress import Progress
 
 from tocsin import aws, clock
@@ -220,34 +222,57 @@ class StartRecorder:
     def __post_init__(self) -> None:
         self._tokens = self.burst
 
-    def start_execution(self, arn: str, name: str, given: str, *_: Any, **__: Any) -> Any:
-        """Patched onto moto's backend class as a bound method: moto's `self` is not passed."""
-        from moto.core.exceptions import JsonRESTError
-
+    def take(self, name: str, given: str) -> bool:
+        """Record a start of `name` with input `given`, if the bucket has a token for it."""
         with self._lock:
             now = time.monotonic()
             self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
             self._at = now
             if self._tokens < 1:
                 self.throttled += 1
-                raise JsonRESTError("ThrottlingException", "Rate exceeded")
+                return False
             self._tokens -= 1
             self.starts.setdefault(name, now)
             self.wakes.setdefault(name, json.loads(given)["wake_at"])
-        return _Started(execution_arn(arn, name))
+        return True
+
+    def answer(self, request: AWSPreparedRequest) -> AWSResponse:
+        """The service's answer to a StartExecution request, made without moto: on AWS,
+        Step Functions' work is elsewhere, and no part of the finder's cost."""
+        asked = json.loads(request.body or b"{}")
+        if not self.take(asked["name"], asked["input"]):
+            return _json_response(request.url, 400, {"__type": "ThrottlingException"})
+        arn = execution_arn(asked["stateMachineArn"], asked["name"])
+        return _json_response(request.url, 200, {"executionArn": arn, "startDate": time.time()})
 
 
-@dataclass(frozen=True)
-class _Started:
-    execution_arn: str
-    start_date: datetime = field(default_factory=lambda: datetime.now(UTC))
+class _Body(io.BytesIO):
+    def stream(self, **_: Any) -> Iterator[bytes]:
+        yield self.getvalue()
+
+
+def _json_response(url: str, status: int, body: dict[str, Any]) -> AWSResponse:
+    headers = {"Content-Type": "application/x-amz-json-1.0", "x-amzn-RequestId": "bench"}
+    return AWSResponse(url, status, headers, _Body(json.dumps(body).encode()))
+
+
+START_EXECUTION = "before-send.sfn.StartExecution"
 
 
 @contextmanager
 def recording_starts(recorder: StartRecorder) -> Iterator[StartRecorder]:
-    from moto.stepfunctions.parser.models import StepFunctionsParserBackend
+    """StartExecution answered by `recorder` where moto's stub meets the request (botocore
+    calls every `before-send` hook, so ours cannot simply come first)."""
+    from moto.core.botocore_stubber import BotocoreStubber
 
-    with mock.patch.object(StepFunctionsParserBackend, "start_execution", recorder.start_execution):
+    stub = BotocoreStubber.__call__
+
+    def answered(stubber: Any, event_name: str, request: Any, **kwargs: Any) -> Any:
+        if event_name == START_EXECUTION:
+            return recorder.answer(request)
+        return stub(stubber, event_name, request, **kwargs)
+
+    with mock.patch.object(BotocoreStubber, "__call__", answered):
         yield recorder
 
 
