@@ -14,7 +14,6 @@ scenarios replace StartExecution with a recorder (a token bucket in `throttled`)
 measure the finder's reads and pacing, not the executions.
 """
 
-import io
 import json
 import math
 import random
@@ -246,14 +245,11 @@ class StartRecorder:
         return _json_response(request.url, 200, {"executionArn": arn, "startDate": time.time()})
 
 
-class _Body(io.BytesIO):
-    def stream(self, **_: Any) -> Iterator[bytes]:
-        yield self.getvalue()
-
-
 def _json_response(url: str, status: int, body: dict[str, Any]) -> AWSResponse:
+    from moto.core.botocore_stubber import MockRawResponse  # the body moto's stub answers with
+
     headers = {"Content-Type": "application/x-amz-json-1.0", "x-amzn-RequestId": "bench"}
-    return AWSResponse(url, status, headers, _Body(json.dumps(body).encode()))
+    return AWSResponse(url, status, headers, MockRawResponse(json.dumps(body)))
 
 
 START_EXECUTION = "before-send.sfn.StartExecution"
