@@ -2,7 +2,8 @@
 
 1. StartExecution with the deterministic name `<task_id>-v<version>`: a second start of the
    same name is refused (`ExecutionAlreadyExists`) or answered with the same execution.
-2. Conditionally mark the task SCHEDULED and drop it from the due index.
+2. Conditionally mark the task SCHEDULED and drop it from the due index (the marks of a
+   finder run trail its starts, so a slow write never holds back the next start).
 
 A crash between the two leaves the task PENDING in the index; the next finder run starts
 the same name again (no duplicate) and marks it. The Claim in the state machine accepts
@@ -12,7 +13,7 @@ PENDING too, so a task whose mark never happened still fires.
 import json
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -119,14 +120,6 @@ def start(task: DueTask, settings: Settings, stagger_s: int = 0) -> tuple[Outcom
         return outcome, None
 
 
-def dispatch(task: DueTask, settings: Settings, store: TaskStore, stagger_s: int = 0) -> Outcome:
-    """Start the task's execution, then mark it SCHEDULED."""
-    outcome, arn = start(task, settings, stagger_s)
-    if arn is not None:
-        store.mark_scheduled(task.task_id, task.version, arn)
-    return outcome
-
-
 @dataclass(frozen=True)
 class DispatchReport:
     found: int
@@ -145,17 +138,32 @@ class DispatchReport:
 
 def dispatch_all(tasks: list[DueTask], settings: Settings, deadline: float) -> DispatchReport:
     """Dispatch earliest first, in parallel, until `deadline` (a time.monotonic() value);
-    tasks due together wake staggered."""
+    tasks due together wake staggered.
+
+    Marks trail the starts in a pool of their own: a start waits for StartExecution's
+    quota, never for the write before it. The run ends when every mark is written.
+    """
     store = TaskStore(settings.tasks_table)
     stagger = staggers(tasks, settings, clock.now_ms())
+    marks: list[Future[Any]] = []
 
-    def one(task: DueTask) -> Outcome:
-        if time.monotonic() >= deadline:
-            return Outcome.DEFERRED
-        return dispatch(task, settings, store, stagger[task])
+    with (
+        ThreadPoolExecutor(max_workers=settings.dispatch_workers) as marking,
+        ThreadPoolExecutor(max_workers=settings.dispatch_workers) as starting,
+    ):
 
-    with ThreadPoolExecutor(max_workers=settings.dispatch_workers) as pool:
-        outcomes = Counter(pool.map(one, sorted(tasks)))
+        def one(task: DueTask) -> Outcome:
+            if time.monotonic() >= deadline:
+                return Outcome.DEFERRED
+            outcome, arn = start(task, settings, stagger[task])
+            if arn is not None:
+                mark = marking.submit(store.mark_scheduled, task.task_id, task.version, arn)
+                marks.append(mark)
+            return outcome
+
+        outcomes = Counter(starting.map(one, sorted(tasks)))
+    for mark in marks:
+        mark.result()  # a mark that failed fails the run, like a crash: its task stays PENDING
     return DispatchReport(found=len(tasks), outcomes=outcomes)
 
 
