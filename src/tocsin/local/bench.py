@@ -486,28 +486,37 @@ def print_report(results: dict[str, Any], console: Any) -> None:
         console.print(table)
 
 
+def _bins(*samples: list[int], count: int = 60) -> list[int]:
+    """About `count` equal integer bins over every sample, with 0 on an edge."""
+    low = min(min(v, default=0) for v in samples)
+    high = max(max(v, default=0) for v in samples)
+    step = max(1, (high - low) // count)
+    return list(range(low // step * step, high + 2 * step, step))
+
+
 def plot(results: dict[str, Any], path: str) -> None:
-    """Lateness histograms of both variants, one panel per timing scenario."""
+    """Lateness histograms, one row per timing scenario: both variants on one scale, then
+    tocsin alone, whose milliseconds are one bar on the baseline's scale."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     timed = [name for name in results if name in TIMED]
-    figure, axes = plt.subplots(len(timed), 1, figsize=(9, 3.2 * len(timed)), squeeze=False)
-    for axis, name in zip(axes[:, 0], timed, strict=True):
+    figure, axes = plt.subplots(len(timed), 2, figsize=(13, 3.2 * len(timed)), squeeze=False)
+    for (both, alone), name in zip(axes, timed, strict=True):
         samples = results[name]["samples"]
-        low = min(min(v, default=0) for v in samples.values())
-        high = max(max(v, default=0) for v in samples.values())
-        step = max(1, (high - low) // 60)
-        bins = list(range(low // step * step, high + 2 * step, step))  # 0 is an edge
+        bins = _bins(samples["baseline"], samples["tocsin"])
         for variant, color in (("baseline", "tab:gray"), ("tocsin", "tab:blue")):
-            axis.hist(samples[variant], bins=bins, alpha=0.7, color=color, label=variant)
-        axis.axvline(0, color="black", linewidth=0.8)
-        axis.set_title(f"{name}: arrival minus due time")
-        axis.set_xlabel("lateness, ms (negative: early)")
-        axis.set_ylabel("tasks")
-        axis.legend()
+            both.hist(samples[variant], bins=bins, alpha=0.7, color=color, label=variant)
+        both.set_title(f"{name}: arrival minus due time")
+        both.legend()
+        alone.hist(samples["tocsin"], bins=_bins(samples["tocsin"]), color="tab:blue")
+        alone.set_title(f"{name}: tocsin alone")
+        for axis in (both, alone):
+            axis.axvline(0, color="black", linewidth=0.8)
+            axis.set_xlabel("lateness, ms (negative: early)")
+            axis.set_ylabel("tasks")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 
