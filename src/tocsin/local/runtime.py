@@ -15,7 +15,9 @@
   garbage collector's sight, so its full collections do not pause every thread for it.
 * On AWS each gate sleeps in its own Lambda; here every gate shares one GIL with moto. The
   interpreter's switch interval is 1 ms instead of 5, so a thread leaving its gate gets
-  the GIL back sooner from a thread that is busy.
+  the GIL back sooner from a thread that is busy. And DynamoDB calls wait while a gate is
+  about to let go (`tocsin.local.gates_first`): on AWS the writes of the tasks that just
+  fired run elsewhere, and do not hold up the gates still asleep.
 * DynamoDB runs in a child process (`tocsin.local.dynamodb_process`), so its share of the
   work uses the second core; every client here reaches it through
   AWS_ENDPOINT_URL_DYNAMODB. The stack's tables are made there again after the stack.
@@ -56,6 +58,7 @@ from unittest import mock
 
 from tocsin.local import state
 from tocsin.local.dynamodb_process import DynamoDBProcess, process_usage
+from tocsin.local.gates_first import GatesFirst
 from tocsin.local.moto_history import no_model_history
 from tocsin.local.queues import QueueMapping, poll, take_over_mappings
 
@@ -254,6 +257,7 @@ class EmbeddedRuntime:
             mock_aws(config={"stepfunctions": {"execute_state_machine": True}})
         )
         self._patch_backends()
+        self._put_gates_first()
         self._forget_process_caches()
         template, self._code_dirs = translate(self.root / "template.yaml", self.parameters)
         stack, self._substitutions = create_stack(template, self.parameters)
@@ -482,6 +486,23 @@ class EmbeddedRuntime:
         self._cache_json_paths()
         self._share_service_clients()
         self._keep_no_history()
+
+    def _put_gates_first(self) -> None:
+        """DynamoDB calls wait while a gate is about to let go (`tocsin.local.gates_first`);
+        the hook is on boto3's default session, so every client made from now on has it."""
+        import boto3
+
+        from tocsin import gate
+
+        first = GatesFirst()
+        self._exits.enter_context(
+            mock.patch.object(gate, "wait_until", first.gate(gate.wait_until))
+        )
+        if boto3.DEFAULT_SESSION is None:
+            boto3.setup_default_session()
+        events = boto3.DEFAULT_SESSION.events
+        events.register("before-call.dynamodb", first.yield_to_gates)
+        self._exits.callback(events.unregister, "before-call.dynamodb", first.yield_to_gates)
 
     def _cache_json_paths(self) -> None:
         """moto builds a new JSONPath parser (a yacc table) for every path it evaluates, a few

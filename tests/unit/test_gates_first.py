@@ -1,0 +1,39 @@
+"""In the embedded runtime a DynamoDB call waits for a gate about to let go, and only then."""
+
+import threading
+import time
+
+from tocsin import clock, gate
+from tocsin.local import gates_first
+from tocsin.local.gates_first import GatesFirst
+
+
+def _sleeping_gate(first: GatesFirst, due_ms: int) -> tuple[threading.Thread, list[int]]:
+    let_go: list[int] = []
+    thread = threading.Thread(target=lambda: let_go.append(first.gate(gate.wait_until)(due_ms)))
+    thread.start()
+    while not first._due:  # until the gate is asleep
+        time.sleep(0.001)
+    return thread, let_go
+
+
+def test_a_call_waits_until_the_imminent_gate_has_let_go(monkeypatch):
+    monkeypatch.setattr(gates_first, "WINDOW_MS", 1_000)
+    first = GatesFirst()
+    due = clock.now_ms() + 300  # within the window
+    thread, let_go = _sleeping_gate(first, due)
+    first.yield_to_gates()
+    assert let_go and let_go[0] >= due  # the call went on only once the gate had let go
+    thread.join()
+
+
+def test_a_gate_far_off_holds_nothing_up(monkeypatch):
+    monkeypatch.setattr(gates_first, "MAX_WAIT_S", 30.0)  # a wrong wait would outlast the gate
+    first = GatesFirst()
+    due = clock.now_ms() + 3_000
+    thread, let_go = _sleeping_gate(first, due)
+    first.yield_to_gates()
+    assert not let_go  # the gate still sleeps
+    thread.join()
+    assert let_go[0] >= due
+    assert not first._due  # its deadline is forgotten once it let go
