@@ -10,7 +10,12 @@ from tocsin.local.gates_first import GatesFirst
 
 def _sleeping_gate(first: GatesFirst, due_ms: int) -> tuple[threading.Thread, list[int]]:
     let_go: list[int] = []
-    thread = threading.Thread(target=lambda: let_go.append(first.gate(gate.wait_until)(due_ms)))
+
+    def sleep_and_record(due: int) -> int:  # recorded before the gate's deadline is dropped
+        let_go.append(gate.wait_until(due))
+        return let_go[-1]
+
+    thread = threading.Thread(target=first.gate(sleep_and_record), args=(due_ms,))
     thread.start()
     while not first._due:  # until the gate is asleep
         time.sleep(0.001)
