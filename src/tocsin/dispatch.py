@@ -1,15 +1,19 @@
-"""Start, then mark: how a due task gets its Step Functions execution exactly once.
+"""Start, then mark: how due tasks get their Step Functions execution, one per batch.
 
-1. StartExecution with the deterministic name `<task_id>-v<version>`: a second start of the
-   same name is refused (`ExecutionAlreadyExists`) or answered with the same execution.
-2. Conditionally mark the task SCHEDULED and drop it from the due index (the marks of a
+Due tasks are packed into batches (see `pack`); each batch is one execution, whose input
+carries ids, versions and due milliseconds only, never a payload.
+
+1. StartExecution with the batch's deterministic name: a second start of the same name is
+   refused (`ExecutionAlreadyExists`) or answered with the same execution.
+2. Conditionally mark each task SCHEDULED and drop it from the due index (the marks of a
    finder run trail its starts, so a slow write never holds back the next start).
 
-A crash between the two leaves the task PENDING in the index; the next finder run starts
-the same name again (no duplicate) and marks it. The Claim in the state machine accepts
-PENDING too, so a task whose mark never happened still fires.
+A crash between the two leaves the tasks PENDING in the index; the next finder run starts
+them again, maybe packed differently. The executor's claim accepts PENDING too and only
+one execution wins it: the claim decides which execution fires a task, not the name.
 """
 
+import hashlib
 import json
 import time
 from collections import Counter
@@ -19,9 +23,12 @@ from enum import StrEnum
 from typing import Any
 
 from tocsin import aws, clock
+from tocsin.model import TaskType
 from tocsin.observability import logger
 from tocsin.settings import Settings
 from tocsin.store import TaskStore
+
+EXECUTORS = list(TaskType)  # the order of the state machine's executor array (Fire)
 
 
 @dataclass(frozen=True, order=True)
@@ -29,10 +36,40 @@ class DueTask:
     due_ms: int
     task_id: str
     version: int
+    task_type: TaskType
+
+    def as_input(self) -> dict[str, Any]:
+        return {"task_id": self.task_id, "version": self.version, "due_ms": self.due_ms}
+
+
+@dataclass(frozen=True, order=True)
+class Batch:
+    """Tasks of one type that one execution wakes for and one executor invocation fires."""
+
+    tasks: tuple[DueTask, ...]
+
+    @property
+    def task_type(self) -> TaskType:
+        return self.tasks[0].task_type
+
+    @property
+    def first_due_ms(self) -> int:
+        return self.tasks[0].due_ms
 
     @property
     def execution_name(self) -> str:
-        return f"{self.task_id}-v{self.version}"
+        """`<task_id>-v<version>` for a lone task; else the type, the first due millisecond
+        and a digest of the members (at most 80 characters of [A-Za-z0-9_-] either way)."""
+        if len(self.tasks) == 1:
+            return f"{self.tasks[0].task_id}-v{self.tasks[0].version}"
+        members = ",".join(f"{t.task_id}:{t.version}" for t in self.tasks)
+        digest = hashlib.sha256(members.encode()).hexdigest()[:24]
+        return f"{self.task_type}-{self.first_due_ms}-{digest}"
+
+
+def pack(tasks: list[DueTask]) -> list[Batch]:
+    """Each due task in a batch of its own."""
+    return [Batch((task,)) for task in sorted(tasks)]
 
 
 class Outcome(StrEnum):
@@ -43,43 +80,43 @@ class Outcome(StrEnum):
     DEFERRED = "deferred"  # not attempted: the time budget ran out first
 
 
-def execution_input(task: DueTask, settings: Settings, stagger_s: int = 0) -> dict[str, Any]:
-    """The execution input: the task's, and its wake time, `stagger_s` before its own."""
+def execution_input(batch: Batch, settings: Settings, stagger_s: int = 0) -> dict[str, Any]:
+    """The execution input: ids only, the executor to invoke, and the wake time, `stagger_s`
+    before the batch's own."""
     return {
-        "task_id": task.task_id,
-        "version": task.version,
-        "due_ms": task.due_ms,
-        "due_at": clock.to_iso(task.due_ms),
-        "wake_at": clock.to_iso_second(wake_ms(task, settings) - stagger_s * 1000),
-        "expires_at": task.due_ms // 1000 + settings.retention_days * 86_400,
+        "task_type": batch.task_type.value,
+        "executor": EXECUTORS.index(batch.task_type),
+        "wake_at": clock.to_iso_second(wake_ms(batch, settings) - stagger_s * 1000),
+        "tasks": [task.as_input() for task in batch.tasks],
     }
 
 
-def wake_ms(task: DueTask, settings: Settings) -> int:
-    """The second the task's execution wakes unless staggered: the lead before due, floored."""
-    wake = task.due_ms - settings.lead_ms
+def wake_ms(batch: Batch, settings: Settings) -> int:
+    """The second the batch's execution wakes unless staggered: the lead before its first
+    task is due, floored."""
+    wake = batch.first_due_ms - settings.lead_ms
     return wake - wake % 1000
 
 
-# An executor sleeps the lead plus its stagger in the gate, then sends: with a 30 s function
-# timeout and a 10 s webhook timeout, a wake at most this much earlier still fits.
+# An executor sleeps the lead plus its stagger before its first gate: a wake at most this
+# much earlier still leaves the invocation's timeout room for retries (see template.yaml).
 MAX_STAGGER_S = 12
 
 
-def staggers(tasks: list[DueTask], settings: Settings, now_ms: int) -> dict[DueTask, int]:
-    """Seconds each task wakes before its own wake second, so that no second wakes more than
-    `wakes_per_second`: a crowded second overflows to the ones before it (never before now,
-    nor more than MAX_STAGGER_S early). Only the gates then release together."""
+def staggers(batches: list[Batch], settings: Settings, now_ms: int) -> dict[Batch, int]:
+    """Seconds each batch wakes before its own wake second, so that no second wakes more
+    than `wakes_per_second`: a crowded second overflows to the ones before it (never before
+    now, nor more than MAX_STAGGER_S early). Only the gates then release together."""
     woken: Counter[int] = Counter()
     stagger = {}
-    for task in sorted(tasks):
-        own = wake_ms(task, settings) // 1000
+    for batch in sorted(batches):
+        own = wake_ms(batch, settings) // 1000
         second = own
         earliest = max(own - MAX_STAGGER_S, now_ms // 1000)
         while woken[second] >= settings.wakes_per_second and second > earliest:
             second -= 1
         woken[second] += 1
-        stagger[task] = own - second
+        stagger[batch] = own - second
     return stagger
 
 
@@ -99,31 +136,37 @@ def _sfn() -> Any:
     return aws.client("stepfunctions", retry_mode="standard", max_attempts=SFN_RETRIES)
 
 
-def start(task: DueTask, settings: Settings, stagger_s: int = 0) -> tuple[Outcome, str | None]:
-    """Start the task's execution; the outcome and the execution's ARN (None if not started)."""
+def start(batch: Batch, settings: Settings, stagger_s: int = 0) -> tuple[Outcome, str | None]:
+    """Start the batch's execution; the outcome and the execution's ARN (None if not started)."""
     sfn = _sfn()
     try:
         arn = sfn.start_execution(
             stateMachineArn=settings.state_machine_arn,
-            name=task.execution_name,
-            input=json.dumps(execution_input(task, settings, stagger_s), sort_keys=True),
+            name=batch.execution_name,
+            input=json.dumps(execution_input(batch, settings, stagger_s), sort_keys=True),
         )["executionArn"]
         return Outcome.STARTED, arn
     except sfn.exceptions.ExecutionAlreadyExists:
-        arn = execution_arn(settings.state_machine_arn, task.execution_name)
+        arn = execution_arn(settings.state_machine_arn, batch.execution_name)
         return Outcome.ALREADY_STARTED, arn
-    except Exception as error:  # the task stays PENDING: the next finder run tries again
+    except Exception as error:  # the tasks stay PENDING: the next finder run tries again
         outcome = Outcome.THROTTLED if aws.is_transient(error) else Outcome.FAILED
         logger.warning(
-            "start failed", task_id=task.task_id, outcome=outcome, error=aws.error_code(error)
+            "start failed",
+            execution=batch.execution_name,
+            outcome=outcome,
+            error=aws.error_code(error),
         )
         return outcome, None
 
 
 @dataclass(frozen=True)
 class DispatchReport:
+    """What a finder run did, counted in tasks (a batch's outcome counts for each member)."""
+
     found: int
     outcomes: Counter[Outcome]
+    executions: int = 0  # executions started (or found started)
 
     @property
     def backlog(self) -> int:
@@ -133,18 +176,24 @@ class DispatchReport:
 
     def as_dict(self) -> dict[str, int]:
         counts = {outcome.value: self.outcomes[outcome] for outcome in Outcome}
-        return {"found": self.found, **counts, "backlog": self.backlog}
+        return {
+            "found": self.found,
+            **counts,
+            "backlog": self.backlog,
+            "executions": self.executions,
+        }
 
 
 def dispatch_all(tasks: list[DueTask], settings: Settings, deadline: float) -> DispatchReport:
-    """Dispatch earliest first, in parallel, until `deadline` (a time.monotonic() value);
-    tasks due together wake staggered.
+    """Pack, then dispatch earliest first, in parallel, until `deadline` (a time.monotonic()
+    value); batches due together wake staggered.
 
     Marks trail the starts in a pool of their own: a start waits for StartExecution's
     quota, never for the write before it. The run ends when every mark is written.
     """
     store = TaskStore(settings.tasks_table)
-    stagger = staggers(tasks, settings, clock.now_ms())
+    batches = pack(tasks)
+    stagger = staggers(batches, settings, clock.now_ms())
     marks: list[Future[Any]] = []
 
     with (
@@ -152,19 +201,30 @@ def dispatch_all(tasks: list[DueTask], settings: Settings, deadline: float) -> D
         ThreadPoolExecutor(max_workers=settings.dispatch_workers) as starting,
     ):
 
-        def one(task: DueTask) -> Outcome:
+        def one(batch: Batch) -> Outcome:
             if time.monotonic() >= deadline:
                 return Outcome.DEFERRED
-            outcome, arn = start(task, settings, stagger[task])
+            outcome, arn = start(batch, settings, stagger[batch])
             if arn is not None:
-                mark = marking.submit(store.mark_scheduled, task.task_id, task.version, arn)
-                marks.append(mark)
+                for task in batch.tasks:
+                    mark = marking.submit(store.mark_scheduled, task.task_id, task.version, arn)
+                    marks.append(mark)
             return outcome
 
-        outcomes = Counter(starting.map(one, sorted(tasks)))
+        outcomes = list(starting.map(one, batches))
     for mark in marks:
         mark.result()  # a mark that failed fails the run, like a crash: its task stays PENDING
-    return DispatchReport(found=len(tasks), outcomes=outcomes)
+    counted: Counter[Outcome] = Counter()
+    for batch, outcome in zip(batches, outcomes, strict=True):
+        counted[outcome] += len(batch.tasks)
+    started = sum(o in (Outcome.STARTED, Outcome.ALREADY_STARTED) for o in outcomes)
+    return DispatchReport(found=len(tasks), outcomes=counted, executions=started)
+
+
+def due_task(item: dict[str, Any]) -> DueTask:
+    """A stored task (or its due index entry) as the dispatcher sees it."""
+    due_ms = item["gsi_due_ms"] if "gsi_due_ms" in item else item["due_ms"]
+    return DueTask(int(due_ms), item["task_id"], int(item["version"]), TaskType(item["task_type"]))
 
 
 def dispatch_if_due_soon(
@@ -173,22 +233,27 @@ def dispatch_if_due_soon(
     """Dispatch a just-written PENDING task now if the finder would miss it; the stored task.
 
     The finder only sees tasks due within its look-ahead at its next run: a task due sooner
-    than that is started here, by the request that wrote it.
+    than that is started here, by the request that wrote it, as a batch of its own.
     """
-    due_ms = int(item["due_ms"])  # an int, or a Decimal when read back from DynamoDB
-    if due_ms > clock.now_ms() + settings.lookahead_s * 1000:
+    task = due_task(item)
+    if task.due_ms > clock.now_ms() + settings.lookahead_s * 1000:
         return item
-    _, arn = start(DueTask(due_ms, item["task_id"], int(item["version"])), settings)
+    _, arn = start(Batch((task,)), settings)
     if arn is None:
         return item
     # Marked, the task as it now is; not marked, its execution (or a cancel) got there first.
-    marked = store.mark_scheduled(item["task_id"], int(item["version"]), arn, "ALL_NEW")
-    return marked or store.get(item["task_id"]) or item
+    marked = store.mark_scheduled(task.task_id, task.version, arn, "ALL_NEW")
+    return marked or store.get(task.task_id) or item
 
 
-def stop_execution(execution_arn: str, reason: str) -> None:
-    """Stop an execution whose task changed; best effort, since its claim fails regardless."""
+def stop_own_execution(item: dict[str, Any], reason: str) -> None:
+    """Stop the execution of a task that changed, if the task has one of its own; a shared
+    execution goes on for the rest of its batch, and its claim of this task fails anyway.
+    Best effort: an execution that already finished is harmless."""
+    arn = item.get("execution_arn")
+    if not arn or arn.rsplit(":", 1)[1] != Batch((due_task(item),)).execution_name:
+        return
     try:
-        _sfn().stop_execution(executionArn=execution_arn, cause=reason)
+        _sfn().stop_execution(executionArn=arn, cause=reason)
     except Exception as error:  # already finished, or the service is busy: harmless
-        logger.info("stop skipped", execution=execution_arn, error=aws.error_code(error))
+        logger.info("stop skipped", execution=arn, error=aws.error_code(error))

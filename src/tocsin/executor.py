@@ -1,12 +1,25 @@
-"""What every typed executor does: validate the claimed task, gate, act once, report.
+"""What every typed executor does with its batch: claim, prepare, gate, send once, finish.
 
-The state machine's Claim hands over the task item (DynamoDB JSON). The action runs under
-Powertools Idempotency keyed by `<task_id>:<version>`, so a retried invocation after a
-success returns the recorded result instead of acting again.
+The state machine invokes the type's executor once per batch, with ids, versions and due
+milliseconds only. The executor claims each task (the exactly-once lock), reads the claimed
+item from the claim's reply, and gives each task a thread of its own: prepare the target,
+sleep to the due millisecond, send under Powertools Idempotency keyed `<task_id>:<version>`,
+retry transient failures with backoff in the time the invocation has left, then mark the
+task SUCCEEDED, or FAILED with a dead-letter message of its own. A slow target holds up
+only its own task.
+
+Only what concerns the whole batch fails the invocation, for the state machine to retry:
+a claim or mark that could not be written (`TableUnavailable`), or a task another
+invocation is still delivering (`DeliveryInProgress`). A retry re-claims what this
+execution holds; what was sent is not sent again (the idempotency record answers).
 """
 
 import json
-from collections.abc import Callable
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -18,33 +31,51 @@ from aws_lambda_powertools.utilities.idempotency import (
     idempotent_function,
 )
 from aws_lambda_powertools.utilities.idempotency.exceptions import (
+    IdempotencyAlreadyInProgressError,
     IdempotencyPersistenceLayerError,
 )
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from boto3.dynamodb.types import TypeDeserializer
-from pydantic import BaseModel, ValidationError
+from botocore.exceptions import BotoCoreError, ClientError
+from pydantic import BaseModel, Field, ValidationError
 
 from tocsin import aws, clock, gate
 from tocsin.errors import PermanentTargetError, TransientTargetError
-from tocsin.model import DEFAULT_MAX_ATTEMPTS, TaskType, idempotency_key
+from tocsin.model import DEFAULT_MAX_ATTEMPTS, ID_PATTERN, TaskStatus, TaskType, idempotency_key
 from tocsin.observability import logger, metrics, tracer
 from tocsin.settings import settings
 from tocsin.store import TaskStore
 from tocsin.targets import TARGETS, Delivery, Target, parse_target
 
-_deserializer = TypeDeserializer()
 idempotency_config = IdempotencyConfig(
     event_key_jmespath="idempotency_key", expires_after_seconds=24 * 3600
 )
+CLAIM_WORKERS = 32
+FINISH_MARGIN_MS = 3000  # kept back from retries for the final marks and dead letters
+BACKOFF_S = (0.5, 1.0, 2.0, 4.0)  # before the 2nd, 3rd, 4th and 5th attempt
+IN_PROGRESS_POLL_S = 1.0
 
 
-class ExecutorEvent(BaseModel):
-    """What the state machine passes: the execution's task fields and the claimed item."""
+class TableUnavailable(Exception):
+    """A claim or a final mark could not be written after botocore's retries (the table is
+    busy or down): the invocation is retried, and takes back what it holds."""
 
-    task_id: str
-    version: int
+
+class DeliveryInProgress(Exception):
+    """Another invocation is delivering a task of this batch: retry after it has ended."""
+
+
+class BatchTask(BaseModel):
+    task_id: str = Field(pattern=ID_PATTERN)
+    version: int = Field(ge=1)
     due_ms: int
-    task: dict[str, Any]
+
+
+class BatchEvent(BaseModel):
+    """What the state machine passes: the execution, the type and the batch's ids."""
+
+    execution: str
+    task_type: TaskType
+    tasks: list[BatchTask] = Field(min_length=1)
 
 
 @dataclass(frozen=True)
@@ -52,7 +83,6 @@ class ClaimedTask:
     task_id: str
     version: int
     due_ms: int
-    task_type: TaskType
     target: Target
     payload_json: str
     max_attempts: int
@@ -66,24 +96,18 @@ class ClaimedTask:
         )
 
 
-def claimed_task(event: dict[str, Any]) -> ClaimedTask:
-    """Parse the executor's input; anything malformed is a permanent failure."""
-    try:
-        parsed = ExecutorEvent.model_validate(event)
-        item = {name: _deserializer.deserialize(value) for name, value in parsed.task.items()}
-        task_type = TaskType(item["task_type"])
-        target = parse_target(task_type, json.loads(item["target"]))
-        return ClaimedTask(
-            task_id=parsed.task_id,
-            version=parsed.version,
-            due_ms=parsed.due_ms,
-            task_type=task_type,
-            target=target,
-            payload_json=item["payload"],
-            max_attempts=int(item.get("max_attempts", DEFAULT_MAX_ATTEMPTS)),
-        )
-    except (ValidationError, KeyError, ValueError, TypeError) as error:
-        raise PermanentTargetError(f"malformed executor input: {error}") from error
+@dataclass(frozen=True)
+class Fired:
+    fired_ms: int
+    result: dict[str, Any]
+    attempts: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: str  # the failure's kind, as the stored error's "Error"
+    cause: str
+    attempts: int
 
 
 @cache
@@ -119,60 +143,180 @@ def _deliver_once(task: ClaimedTask) -> dict[str, Any]:
         return sent[0]
 
 
-def _act(task: ClaimedTask) -> dict[str, Any]:
-    """Prepare, gate and send, counting the attempt; the last allowed attempt fails for good."""
+def fire(task: ClaimedTask, deadline_ms: int) -> Fired | Failed:
+    """Prepare, gate and send; transient failures again after a backoff, while attempts
+    and the time before `deadline_ms` allow another (as long as the last one took)."""
+    attempts = 0
+    while True:
+        attempts += 1
+        began = clock.now_ms()
+        try:
+            task.target.prepare()
+            done = _deliver_once(task)
+            return Fired(done["fired_ms"], done["result"], attempts)
+        except IdempotencyAlreadyInProgressError:
+            attempts -= 1  # not an attempt of ours: another invocation is sending it
+            if clock.now_ms() + IN_PROGRESS_POLL_S * 1000 > deadline_ms:
+                raise DeliveryInProgress(task.task_id) from None
+            time.sleep(IN_PROGRESS_POLL_S)
+            continue
+        except PermanentTargetError as error:
+            return Failed("PermanentTargetError", str(error), attempts)
+        except TransientTargetError as error:
+            if attempts >= task.max_attempts:
+                return Failed(
+                    "PermanentTargetError", f"gave up after {attempts} attempts: {error}", attempts
+                )
+            pause_s = BACKOFF_S[min(attempts, len(BACKOFF_S)) - 1]
+            took_ms = clock.now_ms() - began
+            if clock.now_ms() + pause_s * 1000 + took_ms > deadline_ms:
+                cause = f"out of time after {attempts} attempts: {error}"
+                return Failed("PermanentTargetError", cause, attempts)
+            time.sleep(pause_s)
+
+
+def _claimed(item: dict[str, Any], asked: BatchTask, task_type: TaskType) -> ClaimedTask | Failed:
+    """The claimed item as a task to fire; a stored task that does not parse fails for good."""
     try:
-        attempt = TaskStore(settings().tasks_table).count_attempt(task.task_id, task.version)
-    except Exception as error:  # the table is busy or down: the state machine tries again
-        if aws.is_transient(error):
-            raise TransientTargetError(f"attempt not recorded: {aws.error_code(error)}") from error
-        raise
-    if attempt is None:  # not claimed in the table: a hand-made event (events/ samples)
-        logger.warning("attempt not counted", task_id=task.task_id, version=task.version)
-        attempt = 1
+        if item["task_type"] != task_type:
+            raise ValueError(f"a {item['task_type']} task reached the {task_type} executor")
+        return ClaimedTask(
+            task_id=asked.task_id,
+            version=asked.version,
+            due_ms=asked.due_ms,
+            target=parse_target(task_type, json.loads(item["target"])),
+            payload_json=item["payload"],
+            max_attempts=int(item.get("max_attempts", DEFAULT_MAX_ATTEMPTS)),
+        )
+    except (ValidationError, KeyError, ValueError, TypeError) as error:
+        return Failed("PermanentTargetError", f"malformed stored task: {error}", 0)
+
+
+@contextmanager
+def table_errors(task_id: str) -> Iterator[None]:
+    """botocore's retries are spent on a transient fault: the invocation is to be retried."""
     try:
-        task.target.prepare()
-        return _deliver_once(task)
-    except TransientTargetError as error:
-        if attempt >= task.max_attempts:
-            raise PermanentTargetError(f"gave up after {attempt} attempts: {error}") from error
+        yield
+    except (BotoCoreError, ClientError) as error:
+        if isinstance(error, BotoCoreError) or aws.is_transient(error):
+            raise TableUnavailable(f"{task_id}: {type(error).__name__}") from error
         raise
 
 
-def execute(event: dict[str, Any], expected_type: TaskType) -> dict[str, Any]:
-    """Validate, sleep until due, act once; the reply is what MarkSucceeded records."""
-    task = claimed_task(event)
-    if task.task_type is not expected_type:
-        raise PermanentTargetError(f"a {task.task_type} task reached the {expected_type} executor")
-    try:
-        done = _act(task)
-    except PermanentTargetError:
+def claim_batch(
+    store: TaskStore, batch: BatchEvent
+) -> list[tuple[BatchTask, ClaimedTask | Failed]]:
+    """Claim every task of the batch at once; the ones this execution holds now."""
+
+    def claim(asked: BatchTask) -> dict[str, Any] | None:
+        with table_errors(asked.task_id):
+            return store.claim(asked.task_id, asked.version, batch.execution)
+
+    with ThreadPoolExecutor(max_workers=min(CLAIM_WORKERS, len(batch.tasks))) as pool:
+        items = list(pool.map(claim, batch.tasks))
+    return [
+        (asked, _claimed(item, asked, batch.task_type))
+        for asked, item in zip(batch.tasks, items, strict=True)
+        if item is not None
+    ]
+
+
+def _finish(store: TaskStore, batch: BatchEvent, asked: BatchTask, outcome: Fired | Failed) -> bool:
+    """Record the outcome on the task; a failure also goes to the dead-letter queue, with
+    ids and the error only (target headers may hold credentials; redrive reads the task)."""
+    config = settings()
+    expires_at = asked.due_ms // 1000 + config.retention_days * 86_400
+    if isinstance(outcome, Fired):
+        with table_errors(asked.task_id):
+            return store.finish(
+                asked.task_id,
+                asked.version,
+                TaskStatus.SUCCEEDED,
+                {
+                    "fired_at": clock.to_iso(outcome.fired_ms),
+                    "lateness_ms": outcome.fired_ms - asked.due_ms,
+                    "result": json.dumps(outcome.result),
+                    "attempts": outcome.attempts,
+                    "expires_at": expires_at,
+                },
+            )
+    error = {"Error": outcome.error, "Cause": outcome.cause}
+    with table_errors(asked.task_id):
+        finished = store.finish(
+            asked.task_id,
+            asked.version,
+            TaskStatus.FAILED,
+            {"error": json.dumps(error), "attempts": outcome.attempts, "expires_at": expires_at},
+        )
+    aws.client("sqs").send_message(
+        QueueUrl=config.dead_letter_queue_url,
+        MessageBody=json.dumps(
+            {
+                "task_id": asked.task_id,
+                "version": asked.version,
+                "task_type": batch.task_type.value,
+                "execution": batch.execution,
+                "error": error,
+            }
+        ),
+    )
+    return finished
+
+
+def execute(
+    event: dict[str, Any], expected_type: TaskType, remaining_ms: Callable[[], int]
+) -> dict[str, int]:
+    """Claim, fire and finish every task of the batch; counts of what happened."""
+    batch = BatchEvent.model_validate(event)
+    if batch.task_type is not expected_type:
+        raise ValueError(f"a {batch.task_type} batch reached the {expected_type} executor")
+    store = TaskStore(settings().tasks_table)
+    claimed = claim_batch(store, batch)
+    deadline_ms = clock.now_ms() + remaining_ms() - FINISH_MARGIN_MS
+
+    def run(pair: tuple[BatchTask, ClaimedTask | Failed]) -> tuple[Fired | Failed, bool]:
+        asked, task = pair
+        outcome = task if isinstance(task, Failed) else fire(task, deadline_ms)
+        return outcome, _finish(store, batch, asked, outcome)
+
+    counts = Counter(tasks=len(batch.tasks), claimed=len(claimed))
+    if claimed:
+        with ThreadPoolExecutor(max_workers=len(claimed)) as pool:
+            finished = list(pool.map(run, claimed))  # raises DeliveryInProgress after all ran
+        for (asked, _), (outcome, recorded) in zip(claimed, finished, strict=True):
+            _report(asked, outcome, counts)
+            if not recorded:  # the task changed under the claim: only an operator's hand can
+                counts["unrecorded"] += 1
+                logger.warning("outcome not recorded: the task changed", task_id=asked.task_id)
+    return dict(counts)
+
+
+def _report(asked: BatchTask, outcome: Fired | Failed, counts: Counter[str]) -> None:
+    if isinstance(outcome, Failed):
+        counts["failed"] += 1
         metrics.add_metric(name="Failed", unit=MetricUnit.Count, value=1)
-        raise
-    lateness_ms = done["fired_ms"] - task.due_ms
+        logger.info("failed", task_id=asked.task_id, version=asked.version, error=outcome.error)
+        return
+    lateness_ms = outcome.fired_ms - asked.due_ms
+    counts["fired"] += 1
     metrics.add_metric(name="Fired", unit=MetricUnit.Count, value=1)
     metrics.add_metric(name="LatenessMs", unit=MetricUnit.Milliseconds, value=lateness_ms)
-    logger.info("fired", task_id=task.task_id, version=task.version, lateness_ms=lateness_ms)
-    return {
-        "fired_at": clock.to_iso(done["fired_ms"]),
-        "fired_ms": done["fired_ms"],
-        "lateness_ms": lateness_ms,
-        "result": done["result"],
-    }
+    logger.info("fired", task_id=asked.task_id, version=asked.version, lateness_ms=lateness_ms)
 
 
 def executor_handler(task_type: TaskType) -> Callable[[dict[str, Any], LambdaContext], Any]:
     """The Lambda handler of one task type's executor; its SDK clients are made now, at init."""
     _persistence(settings().idempotency_table)
-    aws.resource("dynamodb")  # the attempt count on the Tasks table
+    aws.resource("dynamodb")  # claims and marks on the Tasks table
+    aws.client("sqs")  # dead letters
     for service in TARGETS[task_type].aws_services:
         aws.client(service)
 
     @logger.inject_lambda_context(clear_state=True)
     @tracer.capture_lambda_handler(capture_response=False)
     @metrics.log_metrics
-    def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, int]:
         idempotency_config.register_lambda_context(context)
-        return execute(event, task_type)
+        return execute(event, task_type, context.get_remaining_time_in_millis)
 
     return handler

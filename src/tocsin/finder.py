@@ -8,7 +8,7 @@ import heapq
 import time
 
 from tocsin import clock
-from tocsin.dispatch import DispatchReport, DueTask, dispatch_all
+from tocsin.dispatch import DispatchReport, DueTask, dispatch_all, due_task
 from tocsin.settings import Settings
 from tocsin.store import TaskStore
 
@@ -17,10 +17,7 @@ def find_due(settings: Settings, until_ms: int) -> list[DueTask]:
     """Every shard's due tasks, merged earliest first."""
     store = TaskStore(settings.tasks_table)
     shards = [
-        (
-            DueTask(int(item["gsi_due_ms"]), item["task_id"], int(item["version"]))
-            for item in store.due_in_shard(shard, until_ms)
-        )
+        (due_task(item) for item in store.due_in_shard(shard, until_ms))
         for shard in range(settings.shards)
     ]
     return list(heapq.merge(*shards))

@@ -2,7 +2,7 @@
 
 Every operation is scoped to the caller: a task of another owner is reported as not found.
 Cancel and reschedule are conditional writes that succeed only while the task is unclaimed
-(PENDING or SCHEDULED), so racing the state machine's Claim gives exactly one winner.
+(PENDING or SCHEDULED), so racing the executor's claim gives exactly one winner.
 """
 
 import base64
@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from tocsin import clock
-from tocsin.dispatch import dispatch_if_due_soon, stop_execution
+from tocsin.dispatch import dispatch_if_due_soon, stop_own_execution
 from tocsin.errors import InvalidTask, TaskConflict, TaskNotFound
 from tocsin.model import ID_PATTERN, TaskStatus, task_view
 from tocsin.settings import Settings
@@ -109,13 +109,12 @@ def list_tasks(query: dict[str, str], owner: str, config: Settings) -> dict[str,
 
 
 def cancel_task(task_id: str, owner: str, config: Settings) -> dict[str, Any]:
-    """Cancel an unclaimed task, then stop its execution (best effort: its claim fails anyway)."""
+    """Cancel an unclaimed task, then stop its own execution (its claim fails anyway)."""
     store = TaskStore(config.tasks_table)
     item = store.cancel(check_id(task_id), owner, clock.to_iso(clock.now_ms()))
     if item is None:
         raise _unchangeable(store, task_id, owner, "cancelled")
-    if "execution_arn" in item:
-        stop_execution(item["execution_arn"], "cancelled")
+    stop_own_execution(item, "cancelled")
     return task_view(item)
 
 
@@ -142,6 +141,5 @@ def reschedule_task(task_id: str, body: Any, owner: str, config: Settings) -> di
     item = store.reschedule(task_id, owner, version, changes, clock.to_iso(now))
     if item is None:
         raise _unchangeable(store, task_id, owner, "rescheduled")
-    if "execution_arn" in current:
-        stop_execution(current["execution_arn"], "rescheduled")
+    stop_own_execution(current, "rescheduled")
     return task_view(dispatch_if_due_soon(item, config, store))

@@ -7,7 +7,7 @@ from typing import Any
 
 ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 DEFAULT_MAX_ATTEMPTS = 3
-MAX_ATTEMPTS_LIMIT = 5  # the executor states' Retry allows this many attempts in all
+MAX_ATTEMPTS_LIMIT = 5  # the executor's backoffs (executor.BACKOFF_S) allow this many
 
 
 class TaskStatus(StrEnum):

@@ -1,8 +1,10 @@
 """Redrive: give FAILED tasks from the dead-letter queue another run, as their next version.
 
-Each DLQ message holds the execution's state, with `task_id` and `version`. A task still
-FAILED at that version goes back to PENDING as version + 1, in the due index with its
-attempts reset, and fires at once (its due time has passed). The message is deleted
+A DLQ message names one failed task (`task_id`, `version`: the executor's), or a batch
+whose executor invocation failed as a whole (`batch.tasks`: the state machine's); each
+task is judged on its own. A task still FAILED at that version goes back to PENDING as
+version + 1, in the due index with its attempts reset, and fires at once (its due time
+has passed). The message is deleted
 once the task is redriven, or when it no longer applies (the task changed or is gone).
 A task is redriven once per run: if it fails again before the run ends, that dead letter
 stays on the queue for the next run, instead of the run chasing it version after version.
@@ -44,10 +46,12 @@ def _messages(queue_url: str) -> Iterator[dict[str, Any]]:
         yield from batch
 
 
-def _failed_version(message: dict[str, Any]) -> tuple[str, int] | None:
+def _failed_versions(message: dict[str, Any]) -> list[tuple[str, int]] | None:
+    """The task versions a dead letter names; None if it is not one of ours."""
     try:
-        state = json.loads(message["Body"])["state"]
-        return str(state["task_id"]), int(state["version"])
+        body = json.loads(message["Body"])
+        named = body["batch"]["tasks"] if "batch" in body else [body]
+        return [(str(task["task_id"]), int(task["version"])) for task in named]
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -65,20 +69,22 @@ def redrive(
     redriven: set[str] = set()
     kept = []  # left on the queue (unreadable, a dry run, failed again); visible at the end
     for message in _messages(queue_url):
-        found = _failed_version(message)
-        if found is None:
-            outcome, task_id, version = "unreadable", "?", 0
-        elif found[0] in redriven:
-            (task_id, version), outcome = found, FAILED_AGAIN
-        else:
-            task_id, version = found
-            outcome = _redrive_one(store, config, task_id, version, dry_run)
-        if outcome == "redriven":
-            redriven.add(task_id)
-        report.add(task_id, version, outcome)
-        if progress:
-            progress(task_id, version, outcome)
-        if dry_run or outcome in ("unreadable", FAILED_AGAIN):
+        named = _failed_versions(message)
+        outcomes = []
+        for task_id, version in named if named is not None else [("?", 0)]:
+            if named is None:
+                outcome = "unreadable"
+            elif task_id in redriven:
+                outcome = FAILED_AGAIN
+            else:
+                outcome = _redrive_one(store, config, task_id, version, dry_run)
+            if outcome == "redriven":
+                redriven.add(task_id)
+            report.add(task_id, version, outcome)
+            if progress:
+                progress(task_id, version, outcome)
+            outcomes.append(outcome)
+        if dry_run or {"unreadable", FAILED_AGAIN} & set(outcomes):
             kept.append(message["ReceiptHandle"])
         else:
             sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])

@@ -5,7 +5,7 @@ from functools import cache
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-MAX_PAYLOAD_BYTES = 200 * 1024  # Step Functions input is 256 KB; this leaves room for the rest.
+MAX_PAYLOAD_BYTES = 200 * 1024  # a DynamoDB item is 400 KB; the payload never enters Step Functions
 
 
 class Settings(BaseModel):
@@ -22,6 +22,7 @@ class Settings(BaseModel):
     horizon_days: int = Field(365, alias="HORIZON_DAYS", ge=1)
     finder_budget_s: float = Field(45, alias="FINDER_BUDGET_SECONDS", gt=0)
     dispatch_workers: int = Field(16, alias="DISPATCH_WORKERS", ge=1)
+    dead_letter_queue_url: str = Field("", alias="DEAD_LETTER_QUEUE_URL")
     submit_dead_letter_queue_url: str = Field("", alias="SUBMIT_DEAD_LETTER_QUEUE_URL")
     webhook_secret_arn: str = Field("", alias="WEBHOOK_SECRET_ARN")
     webhook_allowed_hosts: frozenset[str] = Field(frozenset(), alias="WEBHOOK_ALLOWED_HOSTS")

@@ -11,7 +11,7 @@ from typing import Any
 from tocsin import aws
 from tocsin.model import TaskStatus
 
-DUE_INDEX = "DueIndex"
+DUE_INDEX = "DispatchIndex"  # PENDING tasks only, by shard and due time
 OWNER_INDEX = "OwnerIndex"
 OWNER_INDEX_KEY = ("task_id", "owner", "due_ms")  # what a page of OwnerIndex resumes from
 STATUS_AND_VERSION = {"#s": "status", "#v": "version"}
@@ -165,16 +165,57 @@ class TaskStore:
             returning="ALL_NEW",
         )
 
-    def count_attempt(self, task_id: str, version: int) -> int | None:
-        """Add one to a claimed task's attempts; the new count, or None if it is not claimed."""
-        reply = self._update(
+    def claim(self, task_id: str, version: int, execution: str) -> dict[str, Any] | None:
+        """The exactly-once lock: move one version to RUNNING for `execution`; the item, or
+        None if another execution holds it or it changed (cancelled, rescheduled, done).
+
+        The execution that holds the claim may claim again: a retried invocation, or a
+        retried write whose first try committed unseen, takes back what it holds.
+        """
+        return self._update(
             task_id,
-            "ADD attempts :one",
-            "#s = :running AND #v = :v",
-            {":one": 1, ":running": TaskStatus.RUNNING.value, ":v": version},
-            returning="UPDATED_NEW",
+            "SET #s = :running, claimed_by = :execution REMOVE gsi_pk, gsi_due_ms",
+            "#v = :v AND (#s IN (:pending, :scheduled) "
+            "OR (#s = :running AND claimed_by = :execution))",
+            {
+                ":running": TaskStatus.RUNNING.value,
+                ":pending": TaskStatus.PENDING.value,
+                ":scheduled": TaskStatus.SCHEDULED.value,
+                ":execution": execution,
+                ":v": version,
+            },
+            returning="ALL_NEW",
         )
-        return None if reply is None else int(reply["attempts"])
+
+    def finish(
+        self, task_id: str, version: int, status: TaskStatus, fields: dict[str, Any]
+    ) -> bool:
+        """A claimed version's end: SUCCEEDED or FAILED with `fields`. True when it is so now,
+        also when a retried write finds its own first try committed; False if the task
+        changed under the claim (it cannot, short of an operator's hand)."""
+        names = {f"#f{i}": name for i, name in enumerate(fields)}
+        values = {f":f{i}": value for i, value in enumerate(fields.values())}
+        sets = ", ".join(f"{name} = {value}" for name, value in zip(names, values, strict=True))
+        try:
+            self._table.update_item(
+                Key={"task_id": task_id},
+                UpdateExpression=f"SET #s = :status, {sets}",
+                ConditionExpression="#s = :running AND #v = :v",
+                ExpressionAttributeNames={**STATUS_AND_VERSION, **names},
+                ExpressionAttributeValues={
+                    ":status": status.value,
+                    ":running": TaskStatus.RUNNING.value,
+                    ":v": version,
+                    **values,
+                },
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except self._conditional_failed as refused:
+            old = refused.response.get("Item", {})
+            return old.get("status", {}).get("S") == status.value and old.get("version", {}).get(
+                "N"
+            ) == str(version)
+        return True
 
     def redrive(
         self, task_id: str, version: int, index_keys: dict[str, Any], now_iso: str

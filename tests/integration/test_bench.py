@@ -10,8 +10,10 @@ from botocore.exceptions import ClientError
 from moto import mock_aws
 
 from tocsin.cli import main
-from tocsin.local.bench import StartRecorder, baseline_definition, recording_starts
-from tocsin.local.runtime import EmbeddedRuntime
+from tocsin.dispatch import Batch, DueTask, execution_input
+from tocsin.local.bench import StartRecorder, baseline_input, recording_starts
+from tocsin.model import TaskType
+from tocsin.settings import Settings
 
 
 def last_json(capsys) -> dict:
@@ -28,8 +30,8 @@ def test_spread_times_tocsin_and_the_baseline_on_the_same_plan(tmp_path, capsys)
     assert spread["baseline"]["fired"] == 5
     assert {"p50", "p90", "p99", "max"} <= set(spread["lateness_ms"])
     assert spread["baseline_to_tocsin_p99_error"] > 0
-    # Wait, Claim, Route, ExecuteWebhook, MarkSucceeded: nothing more per task
-    assert spread["cost"]["per_task"]["state_transitions"] == 5
+    # Wait and Fire per execution, and an execution holds one task or more
+    assert 0 < spread["cost"]["per_task"]["state_transitions"] <= 2
     assert spread["cost"]["per_task"]["api_requests"] == 1
     assert plot.read_bytes().startswith(b"\x89PNG")
 
@@ -48,18 +50,16 @@ def test_finder_scenarios_start_exactly_the_due_tasks_before_their_wake(capsys):
     assert throttled["throttled_calls"] > 0  # the bucket was really in the way
 
 
-def test_the_baseline_waits_on_due_at_and_has_no_gate():
-    with EmbeddedRuntime(finder_interval_s=None) as runtime:
-        ours = json.loads(runtime.definition)
-    plain = json.loads(baseline_definition(json.dumps(ours)))
-    assert plain["States"]["WaitUntilWake"]["TimestampPath"] == "$.due_at"
-    executors = [name for name in ours["States"] if name.startswith("Execute")]
-    assert len(executors) == 6
-    for name in executors:
-        payload = plain["States"][name]["Parameters"]["Payload"]
-        assert payload["due_ms"] == 0 and "due_ms.$" not in payload
-    changed = {n for n in ours["States"] if ours["States"][n] != plain["States"][n]}
-    assert changed == {"WaitUntilWake", *executors}
+def test_the_baseline_wakes_on_the_due_second_and_has_no_gate():
+    config = Settings(LEAD_MS=2000)
+    task = DueTask(1_800_000_001_500, "b-1", 1, TaskType.WEBHOOK)
+    ours, plain = execution_input(Batch((task,)), config), baseline_input(task, config)
+    assert ours["wake_at"] == "2027-01-15T07:59:59Z"  # the lead before due, floored
+    assert plain["wake_at"] == "2027-01-15T08:00:01Z"  # the due second itself
+    assert plain["tasks"] == [{"task_id": "b-1", "version": 1, "due_ms": 0}]
+    assert {k: v for k, v in plain.items() if k not in ("wake_at", "tasks")} == {
+        k: v for k, v in ours.items() if k not in ("wake_at", "tasks")
+    }
 
 
 @mock_aws

@@ -80,13 +80,13 @@ def test_the_tasks_table_has_its_indexes_and_ttl(deployed):
     dynamodb = boto3.client("dynamodb")
     table = dynamodb.describe_table(TableName=physical["TasksTable"])["Table"]
     indexes = {i["IndexName"]: i for i in table["GlobalSecondaryIndexes"]}
-    assert [k["AttributeName"] for k in indexes["DueIndex"]["KeySchema"]] == [
+    assert [k["AttributeName"] for k in indexes["DispatchIndex"]["KeySchema"]] == [
         "gsi_pk",
         "gsi_due_ms",
     ]
-    assert indexes["DueIndex"]["Projection"] == {
+    assert indexes["DispatchIndex"]["Projection"] == {
         "ProjectionType": "INCLUDE",
-        "NonKeyAttributes": ["version"],
+        "NonKeyAttributes": ["version", "task_type"],
     }
     assert [k["AttributeName"] for k in indexes["OwnerIndex"]["KeySchema"]] == ["owner", "due_ms"]
     assert table["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"

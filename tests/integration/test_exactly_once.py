@@ -73,7 +73,7 @@ def test_finder_crash_between_start_and_mark_still_fires_once(runtime, receiver)
 
 
 def dead_letters(runtime) -> list[dict]:
-    """The DLQ's messages, once every execution has finished (the send follows MarkFailed)."""
+    """The DLQ's messages, once every execution has finished."""
     assert runtime.wait_for_executions(10)
     sqs = boto3.client("sqs")
     reply = sqs.receive_message(QueueUrl=runtime.dead_letter_queue_url, MaxNumberOfMessages=10)
@@ -89,16 +89,20 @@ def test_transient_failure_is_retried_up_to_max_attempts_then_failed_to_the_dlq(
     runtime.run_finder()
     item = wait_for_status(ids[0], {"FAILED"}, timeout_s=30)
 
-    # urllib3 tries 3 times per invocation; the machine invokes max_attempts times
+    # urllib3 tries 3 times per attempt; the executor makes max_attempts attempts
     assert len(receiver.received()) == 3 * max_attempts
     assert item["attempts"] == max_attempts
     error = json.loads(item["error"])
     assert error["Error"] == "PermanentTargetError"
     assert f"gave up after {max_attempts} attempts" in error["Cause"]
     [message] = dead_letters(runtime)
-    assert message["state"]["task_id"] == ids[0]
-    assert message["state"]["error"]["Error"] == "PermanentTargetError"
-    assert message["state"]["claim"]["task"]["task_id"]["S"] == ids[0]
+    assert message == {
+        "task_id": ids[0],
+        "version": 1,
+        "task_type": "webhook",
+        "execution": item["claimed_by"],
+        "error": error,
+    }  # ids and the error: no payload, no target (its headers may hold credentials)
 
 
 def test_permanent_failure_is_not_retried(runtime, receiver):
@@ -108,31 +112,77 @@ def test_permanent_failure_is_not_retried(runtime, receiver):
     item = wait_for_status(ids[0], {"FAILED"})
     assert len(receiver.received()) == 1
     assert "410" in json.loads(item["error"])["Cause"]
-    assert [m["state"]["task_id"] for m in dead_letters(runtime)] == ids
+    assert [m["task_id"] for m in dead_letters(runtime)] == ids
 
 
-def test_a_retry_after_success_does_not_act_again(runtime, receiver):
-    """The executor's action is idempotent: a second invocation returns the first result."""
+def batch_event(task_id: str, execution: str = "arn:aws:states:::execution:m:one") -> dict:
+    item = stored(task_id)
+    return {
+        "execution": execution,
+        "task_type": "webhook",
+        "tasks": [{"task_id": task_id, "version": 1, "due_ms": int(item["due_ms"])}],
+    }
+
+
+def test_a_retried_invocation_takes_back_its_claim_and_does_not_act_again(runtime, receiver):
+    """The same execution claims again what it holds; its delivery is recorded, so a retry
+    after the send reports the first result instead of sending again."""
     ids = store_pending(receiver.url, 1, -1000, "retry")
-    boto3.resource("dynamodb").Table(settings().tasks_table).update_item(
+    event = batch_event(ids[0])
+    first = runtime.invoke("WebhookExecutorFunction", event)
+    fired = stored(ids[0])
+    TaskStore(settings().tasks_table)._table.update_item(  # as if the first mark were lost
         Key={"task_id": ids[0]},
-        UpdateExpression="SET #s = :running",  # as the state machine's Claim leaves it
+        UpdateExpression="SET #s = :running REMOVE fired_at",
         ExpressionAttributeNames={"#s": "status"},
         ExpressionAttributeValues={":running": "RUNNING"},
     )
-    event = {
-        "task_id": ids[0],
-        "version": 1,
-        "due_ms": int(stored(ids[0])["due_ms"]),
-        "task": boto3.client("dynamodb").get_item(
-            TableName=settings().tasks_table, Key={"task_id": {"S": ids[0]}}
-        )["Item"],
-    }
-    first = runtime.invoke("WebhookExecutorFunction", event)
     second = runtime.invoke("WebhookExecutorFunction", event)
-    assert first == second
+    assert first == second == {"tasks": 1, "claimed": 1, "fired": 1}
     assert len(receiver.received()) == 1
-    assert stored(ids[0])["attempts"] == 2  # both invocations count; only one acted
+    assert stored(ids[0])["fired_at"] == fired["fired_at"]  # the recorded fire, not a new one
+
+
+def test_another_execution_cannot_claim_a_held_task(runtime, receiver):
+    ids = store_pending(receiver.url, 1, -1000, "held")
+    store = TaskStore(settings().tasks_table)
+    assert store.claim(ids[0], 1, "arn:execution:first")["status"] == "RUNNING"
+    assert store.claim(ids[0], 1, "arn:execution:first") is not None  # its holder, again
+    assert store.claim(ids[0], 1, "arn:execution:second") is None
+    other = runtime.invoke("WebhookExecutorFunction", batch_event(ids[0], "arn:execution:second"))
+    assert other == {"tasks": 1, "claimed": 0}
+    assert receiver.received() == [] and stored(ids[0])["claimed_by"] == "arn:execution:first"
+
+
+@pytest.mark.parametrize("write", ["claim", "finish"])
+def test_an_ambiguous_write_neither_skips_the_task_nor_fails_it(runtime, receiver, write):
+    """The table commits, then the caller retries as if it had not (a 500 or a timeout on
+    the way back): the retry finds its own write, instead of a lost condition."""
+    ids = store_pending(receiver.url, 1, -1000, f"ambiguous-{write}")
+    client = aws.resource("dynamodb").meta.client
+    marker = b'":execution"' if write == "claim" else b'":status"'
+    lost = []
+
+    def retry_a_committed_write(request_dict: dict, response, **_: object) -> float | None:
+        body = request_dict["body"]
+        body = body if isinstance(body, bytes) else body.encode()
+        if not lost and marker in body and response and response[0].status_code == 200:
+            lost.append(write)
+            return 0.0  # botocore sends the same request again at once
+        return None
+
+    event = f"needs-retry.dynamodb.UpdateItem.{id(lost)}"
+    client.meta.events.register_first(
+        "needs-retry.dynamodb.UpdateItem", retry_a_committed_write, event
+    )
+    try:
+        result = runtime.invoke("WebhookExecutorFunction", batch_event(ids[0]))
+    finally:
+        client.meta.events.unregister("needs-retry.dynamodb.UpdateItem", unique_id=event)
+    assert lost == [write]
+    assert result == {"tasks": 1, "claimed": 1, "fired": 1}
+    assert stored(ids[0])["status"] == "SUCCEEDED" and len(receiver.received()) == 1
+    assert dead_letters(runtime) == []
 
 
 @pytest.mark.parametrize("write", ["PutItem", "UpdateItem"])
@@ -175,7 +225,7 @@ def test_a_crowded_second_wakes_staggered_and_still_fires_once_on_time(runtime, 
     assert len(inputs) == 40 and max(wakes.values()) <= 15 and len(wakes) >= 3
     for task_id in ids:
         wait_for_status(task_id, {"SUCCEEDED"}, timeout_s=40)
-    due = {given["task_id"]: given["due_ms"] for given in inputs}
+    due = {task["task_id"]: task["due_ms"] for given in inputs for task in given["tasks"]}
     arrivals = receiver.received()
     assert Counter(a.task_id for a in arrivals) == dict.fromkeys(ids, 1)
     assert all(a.arrival_ms >= due[a.task_id] for a in arrivals)

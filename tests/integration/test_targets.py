@@ -1,28 +1,58 @@
 """Every task type fires once with its payload, through the real machine; every sample event
-in events/ runs through its handler."""
+in events/ runs through its handler, on the task it names."""
 
 import io
 import json
 import zipfile
+from datetime import datetime
 from pathlib import Path
 
 import boto3
 import pytest
 
-from tests.conftest import wait_for_status
+from tests.conftest import stored, wait_for_status
 from tocsin import clock
 from tocsin.local.runtime import ACCOUNT_ID, REGION
-from tocsin.submit import submit_task
+from tocsin.settings import settings
+from tocsin.store import TaskStore
+from tocsin.submit import new_item, submit_task
 
 EVENTS = Path(__file__).parents[2] / "events"
+
+
+SAMPLE_PAYLOAD = {"order": 42, "action": "remind"}
+SAMPLE_TARGETS = {
+    "email": {"source": "scheduler@example.com", "to": ["user@example.com"], "subject": "Hi"},
+    "eventbridge": {
+        "event_bus": "tocsin-sample",
+        "detail_type": "tocsin.sample",
+        "source": "tocsin",
+    },
+    "lambda": {
+        "function_arn": "arn:aws:lambda:us-east-1:123456789012:function:tocsin-sample-target"
+    },
+    "sns": {"topic_arn": "arn:aws:sns:us-east-1:123456789012:tocsin-sample"},
+    "sqs": {"queue_url": "https://sqs.us-east-1.amazonaws.com/123456789012/tocsin-sample"},
+}
 
 
 def sample(task_type: str) -> dict:
     return json.loads((EVENTS / f"execute_{task_type}.json").read_text())
 
 
-def sample_target(task_type: str) -> dict:
-    return json.loads(sample(task_type)["task"]["target"]["S"])
+def store_sample_task(task_type: str, target: dict, payload=SAMPLE_PAYLOAD) -> dict:
+    """The PENDING task a sample event names (due in the past: its gate lets go at once)."""
+    [named] = sample(task_type)["tasks"]
+    body = {
+        "id": named["task_id"],
+        "due_at": clock.to_iso(named["due_ms"]),
+        "type": task_type,
+        "target": target,
+        "payload": payload,
+    }
+    config = settings()
+    TaskStore(config.tasks_table).create(new_item(body, "sample", clock.now_ms(), config))
+    return named
 
 
 def queue(name: str) -> tuple[str, str]:
@@ -119,7 +149,7 @@ def test_task_fires_once_at_its_aws_target(runtime, task_type):
             "id": task_id,
             "due_at": clock.to_iso(due),
             "type": task_type,
-            "target": sample_target(task_type),
+            "target": SAMPLE_TARGETS[task_type],
             "payload": payload,
         },
         owner="alice",
@@ -134,25 +164,36 @@ def test_task_fires_once_at_its_aws_target(runtime, task_type):
 def test_sample_event_runs_through_its_executor(runtime, task_type):
     target = TARGETS[task_type]()
     target.setup(runtime)
-    event = sample(task_type)
+    payload = "Renew today." if task_type == "email" else SAMPLE_PAYLOAD
+    named = store_sample_task(task_type, SAMPLE_TARGETS[task_type], payload)
     function = {"eventbridge": "EventBridge", "sqs": "Sqs", "sns": "Sns"}.get(
         task_type, task_type.capitalize()
     )
-    result = runtime.invoke(f"{function}ExecutorFunction", event)
-    assert result["lateness_ms"] == result["fired_ms"] - event["due_ms"] > 0
-    expected = json.loads(event["task"]["payload"]["S"])
-    assert target.delivered() == [expected]
+    result = runtime.invoke(f"{function}ExecutorFunction", sample(task_type))
+    assert result == {"tasks": 1, "claimed": 1, "fired": 1}
+    assert target.delivered() == [payload]
+    item = stored(named["task_id"])
+    assert item["status"] == "SUCCEEDED"
+    assert (
+        int(item["lateness_ms"])
+        == clock.to_ms(datetime.fromisoformat(item["fired_at"])) - named["due_ms"]
+        > 0
+    )
 
 
 def test_sample_webhook_event_runs_through_its_executor(runtime, receiver):
-    event = sample("webhook")
-    target = {"url": f"{receiver.url}/sample"}  # example.com is not reachable from the tests
-    event["task"]["target"]["S"] = json.dumps(target)
-    result = runtime.invoke("WebhookExecutorFunction", event)
-    assert result["result"] == {"status": 200}
-    assert [json.loads(a.body) for a in receiver.received()] == [
-        json.loads(event["task"]["payload"]["S"])
-    ]
+    store_sample_task("webhook", {"url": f"{receiver.url}/sample"})  # not example.com
+    result = runtime.invoke("WebhookExecutorFunction", sample("webhook"))
+    assert result == {"tasks": 1, "claimed": 1, "fired": 1}
+    assert [json.loads(a.body) for a in receiver.received()] == [SAMPLE_PAYLOAD]
+    assert json.loads(stored("sample-webhook")["result"]) == {"status": 200}
+
+
+def test_a_sample_event_whose_task_is_not_there_claims_nothing(runtime):
+    assert runtime.invoke("WebhookExecutorFunction", sample("webhook")) == {
+        "tasks": 1,
+        "claimed": 0,
+    }
 
 
 def test_generated_scheduled_event_runs_the_finder(runtime):
@@ -165,15 +206,15 @@ def test_generated_scheduled_event_runs_the_finder(runtime):
         "failed": 0,
         "deferred": 0,
         "backlog": 0,
+        "executions": 0,
     }
 
 
 def test_fifo_queue_deduplicates_on_the_idempotency_key(runtime):
     sqs = boto3.client("sqs")
     url = sqs.create_queue(QueueName="orders.fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
-    event = sample("sqs")
-    event["task"]["target"]["S"] = json.dumps({"queue_url": url, "message_group_id": "orders"})
-    runtime.invoke("SqsExecutorFunction", event)
+    store_sample_task("sqs", {"queue_url": url, "message_group_id": "orders"})
+    runtime.invoke("SqsExecutorFunction", sample("sqs"))
     [message] = sqs.receive_message(
         QueueUrl=url, MessageSystemAttributeNames=["MessageDeduplicationId", "MessageGroupId"]
     )["Messages"]

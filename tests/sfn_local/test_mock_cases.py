@@ -20,12 +20,10 @@ ENDPOINT = os.environ.get("SFN_LOCAL_ENDPOINT")
 pytestmark = pytest.mark.skipif(not ENDPOINT, reason="set SFN_LOCAL_ENDPOINT (docker compose up)")
 MACHINE = "TaskMachine"  # the name the mock file's test cases are keyed by
 EXECUTION_INPUT = {
-    "task_id": "sfn-local-1",
-    "version": 1,
-    "due_ms": 1767225600000,
-    "due_at": "2026-01-01T00:00:00.000Z",
+    "task_type": "webhook",
+    "executor": 0,
     "wake_at": "2026-01-01T00:00:00Z",  # past: the Wait lets go at once
-    "expires_at": 1769817600,
+    "tasks": [{"task_id": "sfn-local-1", "version": 1, "due_ms": 1767225600000}],
 }
 
 
@@ -39,7 +37,7 @@ def definition() -> str:
             return f"arn:aws:lambda:us-east-1:123456789012:function:{name[: -len('Arn')]}"
         if name == "DeadLetterQueueUrl":
             return "https://sqs.us-east-1.amazonaws.com/123456789012/tocsin-dlq"
-        return "tocsin-tasks"
+        return {"Partition": "aws"}[name]
 
     return re.sub(r"\$\{(\w+)\}", value, text)
 
@@ -86,31 +84,22 @@ def entered(events: list[dict]) -> list[str]:
     ]
 
 
-def test_claim_won_fires_and_marks_succeeded(machine_arn):
-    status, events = run(machine_arn, "ClaimWon")
+def test_a_batch_fires_in_two_states(machine_arn):
+    status, events = run(machine_arn, "Fired")
     assert status == "SUCCEEDED"
-    assert entered(events)[-3:] == ["Route", "ExecuteWebhook", "MarkSucceeded"]
+    assert entered(events) == ["WaitUntilWake", "Fire"]  # two transitions: what Standard bills
 
 
-def test_claim_lost_does_nothing(machine_arn):
-    status, events = run(machine_arn, "ClaimLost")
-    assert status == "SUCCEEDED"
-    assert entered(events) == ["WaitUntilWake", "Claim", "Skipped"]
-
-
-def test_executor_retried_then_succeeds(machine_arn):
-    status, events = run(machine_arn, "RetryThenSuccess")
+def test_a_busy_lambda_is_retried_then_the_batch_fires(machine_arn):
+    status, events = run(machine_arn, "RetryThenFired")
     assert status == "SUCCEEDED"
     invocations = [e for e in events if e["type"] == "TaskScheduled"]
     assert sum("lambda" in e["taskScheduledEventDetails"]["resourceType"] for e in invocations) == 2
 
 
-def test_permanent_failure_goes_to_the_dead_letter_queue(machine_arn):
-    status, events = run(machine_arn, "FailureToDeadLetterQueue")
+def test_an_invocation_that_keeps_timing_out_sends_the_batch_to_the_dead_letter_queue(
+    machine_arn,
+):
+    status, events = run(machine_arn, "InvocationFailedToDeadLetterQueue")
     assert status == "FAILED"
-    assert entered(events)[-4:] == [
-        "ExecuteWebhook",
-        "MarkFailed",
-        "SendToDeadLetterQueue",
-        "Failed",
-    ]
+    assert entered(events) == ["WaitUntilWake", "Fire", "SendBatchToDeadLetterQueue", "Failed"]

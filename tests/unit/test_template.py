@@ -6,7 +6,9 @@ from pathlib import Path
 
 from samtranslator.yaml_helper import yaml_parse
 
-from tocsin.model import MAX_ATTEMPTS_LIMIT, TaskType
+from tocsin.dispatch import EXECUTORS
+from tocsin.executor import BACKOFF_S
+from tocsin.model import MAX_ATTEMPTS_LIMIT
 from tocsin.targets import TARGETS
 
 ROOT = Path(__file__).parents[2]
@@ -14,18 +16,23 @@ TEMPLATE = yaml_parse((ROOT / "template.yaml").read_text())
 ASL = json.loads((ROOT / "statemachines" / "task.asl.json").read_text())
 
 
-def test_every_task_type_has_a_route_an_executor_and_a_target():
-    routes = {c["StringEquals"]: c["Next"] for c in ASL["States"]["Route"]["Choices"]}
-    assert set(routes) == {t.value for t in TaskType} == set(TARGETS)
+def executor_array() -> list[str]:
+    """The Fire state's executors, in order (the input's `executor` indexes them)."""
+    chosen = ASL["States"]["Fire"]["Parameters"]["FunctionName.$"]
+    return re.findall(r"'\$\{(\w+)\}'", chosen)
+
+
+def test_the_executor_array_follows_task_types_and_each_runs_its_type():
+    placeholders = executor_array()
+    assert len(placeholders) == len(EXECUTORS) == len(TARGETS)
     substitutions = TEMPLATE["Resources"]["TaskStateMachine"]["Properties"][
         "DefinitionSubstitutions"
     ]
-    for state in routes.values():
-        placeholder = ASL["States"][state]["Parameters"]["FunctionName"]
-        key = re.fullmatch(r"\$\{(\w+)\}", placeholder).group(1)
-        function = substitutions[key]["Fn::GetAtt"][0]
+    for task_type, placeholder in zip(EXECUTORS, placeholders, strict=True):
+        function = substitutions[placeholder]["Fn::GetAtt"][0]
         code = TEMPLATE["Resources"][function]["Properties"]["CodeUri"]
-        assert (ROOT / code / "app.py").is_file()
+        handler = (ROOT / code / "app.py").read_text()
+        assert f"executor_handler(TaskType.{task_type.name})" in handler, function
 
 
 def test_every_placeholder_has_a_substitution():
@@ -35,40 +42,58 @@ def test_every_placeholder_has_a_substitution():
         "DefinitionSubstitutions"
     ]
     assert placeholders == set(substitutions)
+    assert "arn:aws:" not in text  # the stack's partition, substituted
 
 
-def test_claim_accepts_pending_and_scheduled_of_the_same_version_only():
-    claim = ASL["States"]["Claim"]["Parameters"]
-    assert (
-        claim["ConditionExpression"] == "#status IN (:pending, :scheduled) AND #version = :version"
-    )
-    catches = ASL["States"]["Claim"]["Catch"]
-    assert catches[0]["ErrorEquals"] == ["DynamoDB.ConditionalCheckFailedException"]
-    assert ASL["States"][catches[0]["Next"]]["Type"] == "Succeed"
+def test_the_success_path_is_two_states_and_ends_at_fire():
+    start = ASL["States"][ASL["StartAt"]]
+    assert start["Type"] == "Wait" and start["Next"] == "Fire"
+    assert ASL["States"]["Fire"]["End"] is True
+    assert ASL["States"]["Fire"]["ResultPath"] is None  # nothing the executor says enters the state
 
 
-def test_the_executor_retries_allow_the_largest_max_attempts():
-    for state in ASL["States"].values():
-        if state.get("Resource") == "arn:aws:states:::lambda:invoke":
-            [retry] = state["Retry"]
-            assert retry["MaxAttempts"] + 1 == MAX_ATTEMPTS_LIMIT
-            assert "TransientTargetError" in retry["ErrorEquals"]
+def test_the_fire_state_outlasts_the_executor_and_retries_what_lambda_reports_for_timeouts():
+    fire = ASL["States"]["Fire"]
+    timeouts = {
+        TEMPLATE["Globals"]["Function"]["Timeout"],
+        *(
+            TEMPLATE["Resources"][f"{name}Function"]["Properties"].get("Timeout")
+            for name in ("WebhookExecutor", "LambdaExecutor", "SqsExecutor")
+        ),
+    } - {None}
+    assert fire["TimeoutSeconds"] > max(timeouts)
+    retried = {name for retry in fire["Retry"] for name in retry["ErrorEquals"]}
+    assert {
+        "Sandbox.Timedout",
+        "Lambda.Unknown",
+        "Lambda.ClientExecutionTimeoutException",
+        "States.Timeout",
+        "TableUnavailable",
+        "DeliveryInProgress",
+    } <= retried
+    [in_progress] = [r for r in fire["Retry"] if r["ErrorEquals"] == ["DeliveryInProgress"]]
+    waits = [
+        in_progress["IntervalSeconds"] * in_progress["BackoffRate"] ** n
+        for n in range(in_progress["MaxAttempts"])
+    ]
+    assert sum(waits) > max(timeouts)  # longer than the invocation it waits for may live
+    [catch] = fire["Catch"]
+    assert ASL["States"][catch["Next"]]["Resource"].endswith(":states:::sqs:sendMessage")
 
 
 def test_the_step_functions_local_mocks_name_real_task_states():
     mocks = json.loads((ROOT / "statemachines" / "test" / "MockConfigFile.json").read_text())
     [machine] = mocks["StateMachines"].values()
     assert set(machine["TestCases"]) == {
-        "ClaimWon",
-        "ClaimLost",
-        "RetryThenSuccess",
-        "FailureToDeadLetterQueue",
+        "Fired",
+        "RetryThenFired",
+        "InvocationFailedToDeadLetterQueue",
     }
     for case in machine["TestCases"].values():
         for state, response in case.items():
             assert ASL["States"][state]["Type"] == "Task", state
             assert response in mocks["MockedResponses"], response
-    claimed = mocks["MockedResponses"]["ClaimedWebhook"]["0"]["Return"]["Attributes"]
-    assert claimed["task_type"]["S"] in {
-        c["StringEquals"] for c in ASL["States"]["Route"]["Choices"]
-    }
+
+
+def test_the_executor_backs_off_before_each_attempt_a_task_may_ask_for():
+    assert len(BACKOFF_S) + 1 == MAX_ATTEMPTS_LIMIT

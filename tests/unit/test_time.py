@@ -4,7 +4,8 @@ from collections import Counter
 from datetime import UTC, datetime
 
 from tocsin import clock, gate
-from tocsin.dispatch import MAX_STAGGER_S, DueTask, execution_input, staggers
+from tocsin.dispatch import MAX_STAGGER_S, Batch, DueTask, execution_input, staggers
+from tocsin.model import TaskType
 from tocsin.settings import Settings
 
 
@@ -28,19 +29,20 @@ def test_gate_never_releases_before_due():
 
 def test_wake_is_the_lead_before_due_floored_to_the_second():
     config = Settings(LEAD_MS=2000, RETENTION_DAYS=30)
-    task = DueTask(due_ms=1_800_000_001_500, task_id="t", version=3)
-    started = execution_input(task, config)
+    task = DueTask(due_ms=1_800_000_001_500, task_id="t", version=3, task_type=TaskType.SQS)
+    started = execution_input(Batch((task,)), config)
     assert started["wake_at"] == clock.to_iso_second(1_799_999_999_500)
     assert started["wake_at"].endswith(":59Z")
-    assert task.execution_name == "t-v3"
-    assert started["expires_at"] == 1_800_000_001 + 30 * 86_400
+    assert Batch((task,)).execution_name == "t-v3"
+    assert started["tasks"] == [{"task_id": "t", "version": 3, "due_ms": 1_800_000_001_500}]
+    assert (started["task_type"], started["executor"]) == ("sqs", 3)
 
 
 def test_a_crowded_due_second_wakes_over_the_seconds_before_it():
     config = Settings(LEAD_MS=2000, WAKES_PER_SECOND=3)
     due = 1_800_000_010_000
-    burst = [DueTask(due + i * 7, f"b{i}", 1) for i in range(8)]
-    alone = DueTask(due + 60_000, "alone", 1)
+    burst = [Batch((DueTask(due + i * 7, f"b{i}", 1, TaskType.WEBHOOK),)) for i in range(8)]
+    alone = Batch((DueTask(due + 60_000, "alone", 1, TaskType.WEBHOOK),))
     stagger = staggers([*burst, alone], config, now_ms=due - 30_000)
     assert [stagger[task] for task in burst] == [0, 0, 0, 1, 1, 1, 2, 2]
     assert stagger[alone] == 0
@@ -51,7 +53,7 @@ def test_a_crowded_due_second_wakes_over_the_seconds_before_it():
 def test_staggered_wakes_never_fall_before_now_nor_too_early():
     config = Settings(LEAD_MS=2000, WAKES_PER_SECOND=1)
     due = 1_800_000_010_000
-    burst = [DueTask(due, f"b{i}", 1) for i in range(40)]
+    burst = [Batch((DueTask(due, f"b{i}", 1, TaskType.WEBHOOK),)) for i in range(40)]
     close = staggers(burst, config, now_ms=due - 4000)  # wake second is due - 2 s: 2 s to spare
     assert max(close.values()) == 2
     far = staggers(burst, config, now_ms=due - 600_000)

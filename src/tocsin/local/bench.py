@@ -5,8 +5,9 @@ run, each on a fresh runtime with a webhook receiver on 127.0.0.1:
 
 * tocsin: tasks submitted through the API handler; the finder or the submit starts them;
   the execution wakes by the lead and the executor's gate picks the millisecond;
-* baseline: the same state machine with its Wait on `due_at` itself and `due_ms` 0 for
-  the executor, so no gate: what a plain Step Functions timer gives.
+* baseline: the same state machine, each task a batch of its own whose Wait is on the due
+  second itself and whose executor gets `due_ms` 0, so no lead and no gate: what a plain
+  Step Functions timer gives.
 
 Lateness is measured where the webhook arrives, by a receiver in a process of its own (on
 AWS it is another machine: here it must not wait for the scheduler's GIL). The finder
@@ -31,7 +32,7 @@ from botocore.awsrequest import AWSPreparedRequest, AWSResponse
 from rich.progress import Progress
 
 from tocsin import aws, clock
-from tocsin.dispatch import DueTask, execution_arn, execution_input
+from tocsin.dispatch import Batch, DueTask, execution_arn, execution_input
 from tocsin.local.cost import billed_usage
 from tocsin.local.demo import (
     PlannedTask,
@@ -41,9 +42,9 @@ from tocsin.local.demo import (
     summarize,
 )
 from tocsin.local.receiver import ReceiverProcess
-from tocsin.local.runtime import ACCOUNT_ID, EmbeddedRuntime
+from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.local.server import api_event
-from tocsin.model import TaskStatus
+from tocsin.model import TaskStatus, TaskType
 from tocsin.settings import settings
 
 LOOKAHEAD_S = 20
@@ -69,16 +70,11 @@ class Bench:
 # -- timing: tocsin and the baseline on the same plan ------------------------------------
 
 
-def baseline_definition(definition: str) -> str:
-    """The task machine with its Wait on `due_at` and no gate (the executor gets due_ms 0)."""
-    asl = json.loads(definition)
-    asl["States"]["WaitUntilWake"]["TimestampPath"] = "$.due_at"
-    for state in asl["States"].values():
-        payload = state.get("Parameters", {}).get("Payload", {})
-        if "due_ms.$" in payload:
-            del payload["due_ms.$"]
-            payload["due_ms"] = 0
-    return json.dumps(asl)
+def baseline_input(task: DueTask, config: Any) -> dict[str, Any]:
+    """A lone task's execution input with its wake on the due second and due_ms 0."""
+    given = execution_input(Batch((task,)), config)
+    plain_tasks = [{**entry, "due_ms": 0} for entry in given["tasks"]]
+    return given | {"wake_at": clock.to_iso_second(task.due_ms), "tasks": plain_tasks}
 
 
 def _body(task: PlannedTask, url: str) -> dict[str, Any]:
@@ -106,22 +102,17 @@ def _start_baseline(runtime: EmbeddedRuntime, planned: list[PlannedTask], url: s
     from tocsin.submit import new_item
 
     sfn, config = aws.client("stepfunctions"), settings()
-    arn = sfn.create_state_machine(
-        name="tocsin-baseline",
-        definition=baseline_definition(runtime.definition),
-        roleArn=f"arn:aws:iam::{ACCOUNT_ID}:role/baseline",
-    )["stateMachineArn"]
     table = aws.resource("dynamodb").Table(config.tasks_table)
     for task in planned:
         item = new_item(_body(task, url), "bench", clock.now_ms(), config)
         item.pop("gsi_pk")
         item.pop("gsi_due_ms")
         table.put_item(Item={**item, "status": TaskStatus.SCHEDULED.value})
-        due = DueTask(task.due_ms, task.task_id, 1)
+        due = DueTask(task.due_ms, task.task_id, 1, TaskType.WEBHOOK)
         sfn.start_execution(
-            stateMachineArn=arn,
-            name=due.execution_name,
-            input=json.dumps(execution_input(due, config)),
+            stateMachineArn=runtime.state_machine_arn,
+            name=Batch((due,)).execution_name,
+            input=json.dumps(baseline_input(due, config)),
         )
 
 

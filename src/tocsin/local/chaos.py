@@ -28,7 +28,7 @@ from botocore.exceptions import EndpointConnectionError
 from moto.core.exceptions import JsonRESTError
 
 from tocsin import aws, clock
-from tocsin.errors import PermanentTargetError, TransientTargetError
+from tocsin.executor import TableUnavailable
 from tocsin.local.dynamodb_process import Fault
 from tocsin.local.receiver import WebhookReceiver
 from tocsin.local.runtime import EmbeddedRuntime
@@ -169,9 +169,9 @@ class Trial:
             if not batch:
                 return keys
             for message in batch:
-                state = json.loads(message["Body"])["state"]
-                if state.get("error"):
-                    keys.add(f"{state['task_id']}:{state['version']}")
+                body = json.loads(message["Body"])
+                named = body["batch"]["tasks"] if "batch" in body else [body]
+                keys.update(f"{task['task_id']}:{task['version']}" for task in named)
 
 
 JUDGED = ("tasks", "fired", "duplicates", "early", "lost", "failed_to_dlq", "dlq_missing")
@@ -257,19 +257,21 @@ def dynamodb_faults(trial: Trial, tasks: int) -> None:
 
 
 def executor_faults(trial: Trial, tasks: int) -> None:
-    """Executors fail: transiently on the first attempt for half, permanently for a tenth."""
-    ids = trial.store(tasks, "executor")
+    """Executor invocations fail as a whole the first time for half the tasks (the table
+    out of reach: the state machine retries, and the retry claims again); a tenth of the
+    targets refuse their task for good."""
+    ids = trial.store(tasks, "executor", "/executor/{id}")
     permanent = set(trial.rng.sample(ids, max(1, len(ids) // 10)))
+    for task_id in permanent:
+        trial.receiver.status_for[f"/executor/{task_id}"] = 410
     transient = set(trial.rng.sample(sorted(set(ids) - permanent), len(ids) // 2))
     invoke = trial.runtime.invoke
 
     def failing(logical_id: str, event: Any) -> Any:
-        task_id = event.get("task_id") if isinstance(event, dict) else None
-        if logical_id.endswith(EXECUTORS) and task_id in permanent:
-            raise PermanentTargetError("injected: the target refuses")
-        if logical_id.endswith(EXECUTORS) and task_id in transient:
-            transient.discard(task_id)
-            raise TransientTargetError("injected: the first attempt fails")
+        named = {t["task_id"] for t in event.get("tasks", [])} if isinstance(event, dict) else set()
+        if logical_id.endswith(EXECUTORS) and named & transient:
+            transient.difference_update(named)
+            raise TableUnavailable("injected: the table is out of reach")
         return invoke(logical_id, event)
 
     trial.exits.enter_context(mock.patch.object(trial.runtime, "invoke", failing))
