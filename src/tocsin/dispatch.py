@@ -67,9 +67,21 @@ class Batch:
         return f"{self.task_type}-{self.first_due_ms}-{digest}"
 
 
-def pack(tasks: list[DueTask]) -> list[Batch]:
-    """Each due task in a batch of its own."""
-    return [Batch((task,)) for task in sorted(tasks)]
+def pack(tasks: list[DueTask], window_ms: int, batch_size: int) -> list[Batch]:
+    """Tasks of one type whose due times fall in the same window (windows aligned to
+    multiples of `window_ms`), at most `batch_size` a batch; earliest first.
+
+    Two finders that see different tasks may pack them differently: each task still fires
+    once, for only one execution can claim it.
+    """
+    windows: dict[tuple[TaskType, int], list[DueTask]] = {}
+    for task in sorted(tasks):
+        windows.setdefault((task.task_type, task.due_ms // window_ms), []).append(task)
+    return sorted(
+        Batch(tuple(members[i : i + batch_size]))
+        for members in windows.values()
+        for i in range(0, len(members), batch_size)
+    )
 
 
 class Outcome(StrEnum):
@@ -192,7 +204,7 @@ def dispatch_all(tasks: list[DueTask], settings: Settings, deadline: float) -> D
     quota, never for the write before it. The run ends when every mark is written.
     """
     store = TaskStore(settings.tasks_table)
-    batches = pack(tasks)
+    batches = pack(tasks, settings.batch_window_ms, settings.batch_size)
     stagger = staggers(batches, settings, clock.now_ms())
     marks: list[Future[Any]] = []
 

@@ -5,6 +5,10 @@ from functools import cache
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+# An executor gives each task of its batch a thread, and Lambda allows 1,024 threads and
+# processes per execution environment; 800 tasks of 64-character ids make 100 KB of
+# execution input, well inside Step Functions' 256 KB.
+BATCH_SIZE_LIMIT = 800
 MAX_PAYLOAD_BYTES = 200 * 1024  # a DynamoDB item is 400 KB; the payload never enters Step Functions
 
 
@@ -18,6 +22,8 @@ class Settings(BaseModel):
     lead_ms: int = Field(2000, alias="LEAD_MS", ge=0)
     shards: int = Field(8, alias="SHARD_COUNT", ge=1, le=64)
     wakes_per_second: int = Field(300, alias="WAKES_PER_SECOND", ge=1)
+    batch_window_ms: int = Field(1000, alias="BATCH_WINDOW_MS", ge=1, le=10_000)
+    batch_size: int = Field(500, alias="BATCH_SIZE", ge=1, le=BATCH_SIZE_LIMIT)
     retention_days: int = Field(30, alias="RETENTION_DAYS", ge=1)
     horizon_days: int = Field(365, alias="HORIZON_DAYS", ge=1)
     finder_budget_s: float = Field(45, alias="FINDER_BUDGET_SECONDS", gt=0)

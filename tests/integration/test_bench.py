@@ -72,7 +72,7 @@ def test_the_start_stand_in_answers_in_the_services_place_and_refuses_beyond_its
         definition=json.dumps({"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}}),
         roleArn="arn:aws:iam::123456789012:role/r",
     )["stateMachineArn"]
-    given = json.dumps({"wake_at": "2030-01-01T00:00:00Z"})
+    given = json.dumps({"wake_at": "2030-01-01T00:00:00Z", "tasks": []})
     with recording_starts(StartRecorder(burst=3, rate=0.0)) as recorder:
         started = [
             sfn.start_execution(stateMachineArn=arn, name=f"t{i}-v1", input=given) for i in range(3)

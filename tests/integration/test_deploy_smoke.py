@@ -226,7 +226,8 @@ def test_each_executor_may_reach_only_its_own_kind_of_target(deployed):
         "SnsExecutorFunction": {"sns"},
         "EmailExecutorFunction": {"ses"},
     }
-    shared = {"dynamodb"}  # the attempt count and the idempotency record (ExecutorAccessPolicy)
+    # claims, marks and the idempotency record; each failed task's dead letter
+    shared = {"dynamodb", "sqs"}
     for function, services in own.items():
         role = resources[f"{function}Role"]
         actions = {a for s in _statements(role) for a in _as_list(s["Action"])}
@@ -235,8 +236,9 @@ def test_each_executor_may_reach_only_its_own_kind_of_target(deployed):
         assert {"Ref": "ExecutorAccessPolicy"} in managed
     executor_policy = _statements(resources["ExecutorAccessPolicy"])
     assert {a.split(":")[0] for s in executor_policy for a in _as_list(s["Action"])} == shared
+    [dead_letters] = [s for s in executor_policy if s["Action"] == "sqs:SendMessage"]
+    assert dead_letters["Resource"] == {"Fn::GetAtt": ["DeadLetterQueue", "Arn"]}
     machine = {
         a for s in _statements(resources["TaskStateMachineRole"]) for a in _as_list(s["Action"])
     }
-    assert {a.split(":")[0] for a in machine} == {"dynamodb", "lambda", "sqs"}
-    assert {a for a in machine if a.startswith("dynamodb")} == {"dynamodb:UpdateItem"}
+    assert {a.split(":")[0] for a in machine} == {"lambda", "sqs"}  # the claim is the executor's

@@ -1,0 +1,58 @@
+"""Due tasks are packed by type and window into batches, whose input stays small."""
+
+import json
+
+from tocsin.dispatch import Batch, DueTask, execution_input, pack
+from tocsin.model import TaskType
+from tocsin.settings import BATCH_SIZE_LIMIT, Settings
+
+SECOND = 1_800_000_000_000  # a window boundary
+
+
+def task(offset_ms: int, name: str, task_type: TaskType = TaskType.WEBHOOK) -> DueTask:
+    return DueTask(SECOND + offset_ms, name, 1, task_type)
+
+
+def test_tasks_of_one_type_in_one_window_share_a_batch():
+    tasks = [
+        task(999, "late-in-window"),
+        task(0, "first"),
+        task(500, "queue", TaskType.SQS),
+        task(1000, "next-window"),
+    ]
+    batches = pack(tasks, window_ms=1000, batch_size=500)
+    assert [[t.task_id for t in b.tasks] for b in batches] == [
+        ["first", "late-in-window"],
+        ["queue"],
+        ["next-window"],
+    ]
+
+
+def test_a_crowded_window_is_split_at_the_batch_size_earliest_first():
+    tasks = [task(i, f"t{i:03d}") for i in range(250)]
+    batches = pack(tasks, window_ms=1000, batch_size=100)
+    assert [len(b.tasks) for b in batches] == [100, 100, 50]
+    assert [t.task_id for b in batches for t in b.tasks] == [f"t{i:03d}" for i in range(250)]
+
+
+def test_a_batch_name_is_the_same_for_the_same_members_and_differs_otherwise():
+    members = (task(0, "a"), task(10, "b"))
+    same = Batch(members)
+    assert same.execution_name == Batch(members).execution_name
+    assert same.execution_name.startswith(f"webhook-{SECOND}-")
+    assert Batch((*members, task(20, "c"))).execution_name != same.execution_name
+    bumped = DueTask(SECOND + 10, "b", 2, TaskType.WEBHOOK)  # a reschedule's next version
+    assert Batch((members[0], bumped)).execution_name != same.execution_name
+    assert Batch((members[0],)).execution_name == "a-v1"  # a lone task keeps its own name
+
+
+def test_the_largest_batch_of_the_longest_ids_stays_far_inside_the_state_limit():
+    tasks = [
+        DueTask(SECOND + i, f"{i:04d}".ljust(64, "x"), 10**9, TaskType.EVENTBRIDGE)
+        for i in range(BATCH_SIZE_LIMIT)
+    ]
+    [batch] = pack(tasks, window_ms=1000, batch_size=BATCH_SIZE_LIMIT)
+    name = batch.execution_name
+    assert len(name) <= 80 and name.replace("-", "").replace("_", "").isalnum()
+    given = json.dumps(execution_input(batch, Settings()))
+    assert len(given.encode()) < 128 * 1024  # Step Functions' state is 256 KB at most
