@@ -1,5 +1,6 @@
 """Fixtures: the embedded runtime (the real template, ASL and handlers on moto) and a receiver."""
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -11,6 +12,8 @@ from tocsin import clock
 from tocsin.local.receiver import WebhookReceiver
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.settings import settings
+from tocsin.store import TaskStore
+from tocsin.submit import new_item
 
 
 @pytest.fixture
@@ -48,3 +51,24 @@ def wait_for_status(task_id: str, statuses: set[str], timeout_s: float = 20) -> 
             return item
         time.sleep(0.05)
     raise AssertionError(f"{task_id} stayed {stored(task_id)['status']}, wanted {statuses}")
+
+
+def store_pending(
+    receiver_url: str, count: int, due_in_ms: int, prefix: str, **changes: object
+) -> list[str]:
+    """PENDING tasks in the due index, not yet dispatched (as the finder finds them)."""
+    now = clock.now_ms()
+    store = TaskStore(settings().tasks_table)
+    ids = [f"{prefix}-{i}" for i in range(count)]
+    for i, task_id in enumerate(ids):
+        body = webhook_task(receiver_url, now + due_in_ms + i * 37, task_id) | changes
+        store.create(new_item(body, "alice", now, settings()))
+    return ids
+
+
+def dead_letters(runtime) -> list[dict]:
+    """The DLQ's messages, once every execution has finished."""
+    assert runtime.wait_for_executions(10)
+    sqs = boto3.client("sqs")
+    reply = sqs.receive_message(QueueUrl=runtime.dead_letter_queue_url, MaxNumberOfMessages=10)
+    return [json.loads(m["Body"]) for m in reply.get("Messages", [])]

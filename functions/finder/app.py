@@ -1,4 +1,4 @@
-"""Finder: on its schedule, start the executions of tasks due within the look-ahead."""
+"""Finder: on its schedule, settle stuck tasks and start the executions of due ones."""
 
 from typing import Any
 
@@ -18,7 +18,7 @@ SAFETY_MARGIN_S = 5  # stop dispatching this long before the Lambda would time o
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, int]:
     config = settings()
     remaining_s = context.get_remaining_time_in_millis() / 1000 - SAFETY_MARGIN_S
-    report = run_finder(config, max(1.0, min(config.finder_budget_s, remaining_s))).as_dict()
+    report = run_finder(config, max(1.0, min(config.finder_budget_s, remaining_s)))
     for name, value in report.items():
         metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
     logger.info("finder run", **report)

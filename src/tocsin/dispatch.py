@@ -23,6 +23,7 @@ from enum import StrEnum
 from typing import Any
 
 from tocsin import aws, clock
+from tocsin.index_keys import check_index_keys
 from tocsin.model import TaskType
 from tocsin.observability import logger
 from tocsin.settings import Settings
@@ -37,6 +38,13 @@ class DueTask:
     task_id: str
     version: int
     task_type: TaskType
+    requeues: int = 0  # executions that ended without settling it (see tocsin.reconcile)
+
+    @property
+    def member(self) -> str:
+        """The task in an execution name: a requeued task needs a name not yet taken."""
+        again = f"r{self.requeues}" if self.requeues else ""
+        return f"{self.task_id}-v{self.version}{again}"
 
     def as_input(self) -> dict[str, Any]:
         return {"task_id": self.task_id, "version": self.version, "due_ms": self.due_ms}
@@ -58,11 +66,12 @@ class Batch:
 
     @property
     def execution_name(self) -> str:
-        """`<task_id>-v<version>` for a lone task; else the type, the first due millisecond
-        and a digest of the members (at most 80 characters of [A-Za-z0-9_-] either way)."""
+        """`<task_id>-v<version>` for a lone task (`r<requeues>` after it when requeued);
+        else the type, the first due millisecond and a digest of the members (at most 80
+        characters of [A-Za-z0-9_-] either way)."""
         if len(self.tasks) == 1:
-            return f"{self.tasks[0].task_id}-v{self.tasks[0].version}"
-        members = ",".join(f"{t.task_id}:{t.version}" for t in self.tasks)
+            return self.tasks[0].member
+        members = ",".join(t.member for t in self.tasks)
         digest = hashlib.sha256(members.encode()).hexdigest()[:24]
         return f"{self.task_type}-{self.first_due_ms}-{digest}"
 
@@ -219,7 +228,10 @@ def dispatch_all(tasks: list[DueTask], settings: Settings, deadline: float) -> D
             outcome, arn = start(batch, settings, stagger[batch])
             if arn is not None:
                 for task in batch.tasks:
-                    mark = marking.submit(store.mark_scheduled, task.task_id, task.version, arn)
+                    check = check_index_keys(task.task_id, task.due_ms, settings)
+                    mark = marking.submit(
+                        store.mark_scheduled, task.task_id, task.version, arn, check
+                    )
                     marks.append(mark)
             return outcome
 
@@ -235,8 +247,13 @@ def dispatch_all(tasks: list[DueTask], settings: Settings, deadline: float) -> D
 
 def due_task(item: dict[str, Any]) -> DueTask:
     """A stored task (or its due index entry) as the dispatcher sees it."""
-    due_ms = item["gsi_due_ms"] if "gsi_due_ms" in item else item["due_ms"]
-    return DueTask(int(due_ms), item["task_id"], int(item["version"]), TaskType(item["task_type"]))
+    return DueTask(
+        int(item["due_ms"] if "due_ms" in item else item["gsi_due_ms"]),  # item, or index entry
+        item["task_id"],
+        int(item["version"]),
+        TaskType(item["task_type"]),
+        int(item.get("requeues", 0)),
+    )
 
 
 def dispatch_if_due_soon(
@@ -254,7 +271,8 @@ def dispatch_if_due_soon(
     if arn is None:
         return item
     # Marked, the task as it now is; not marked, its execution (or a cancel) got there first.
-    marked = store.mark_scheduled(task.task_id, task.version, arn, "ALL_NEW")
+    check = check_index_keys(task.task_id, task.due_ms, settings)
+    marked = store.mark_scheduled(task.task_id, task.version, arn, check, "ALL_NEW")
     return marked or store.get(task.task_id) or item
 
 

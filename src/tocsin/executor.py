@@ -39,7 +39,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import BaseModel, Field, ValidationError
 
 from tocsin import aws, clock, gate
+from tocsin.dead_letter import send_dead_letter
 from tocsin.errors import PermanentTargetError, TransientTargetError
+from tocsin.index_keys import check_index_keys
 from tocsin.model import DEFAULT_MAX_ATTEMPTS, ID_PATTERN, TaskStatus, TaskType, idempotency_key
 from tocsin.observability import logger, metrics, tracer
 from tocsin.settings import settings
@@ -207,10 +209,12 @@ def claim_batch(
     store: TaskStore, batch: BatchEvent
 ) -> list[tuple[BatchTask, ClaimedTask | Failed]]:
     """Claim every task of the batch at once; the ones this execution holds now."""
+    config = settings()
 
     def claim(asked: BatchTask) -> dict[str, Any] | None:
+        check = check_index_keys(asked.task_id, asked.due_ms, config)
         with table_errors(asked.task_id):
-            return store.claim(asked.task_id, asked.version, batch.execution)
+            return store.claim(asked.task_id, asked.version, batch.execution, check)
 
     with ThreadPoolExecutor(max_workers=min(CLAIM_WORKERS, len(batch.tasks))) as pool:
         items = list(pool.map(claim, batch.tasks))
@@ -222,8 +226,7 @@ def claim_batch(
 
 
 def _finish(store: TaskStore, batch: BatchEvent, asked: BatchTask, outcome: Fired | Failed) -> bool:
-    """Record the outcome on the task; a failure also goes to the dead-letter queue, with
-    ids and the error only (target headers may hold credentials; redrive reads the task)."""
+    """Record the outcome on the task; a failure also goes to the dead-letter queue."""
     config = settings()
     expires_at = asked.due_ms // 1000 + config.retention_days * 86_400
     if isinstance(outcome, Fired):
@@ -248,18 +251,7 @@ def _finish(store: TaskStore, batch: BatchEvent, asked: BatchTask, outcome: Fire
             TaskStatus.FAILED,
             {"error": json.dumps(error), "attempts": outcome.attempts, "expires_at": expires_at},
         )
-    aws.client("sqs").send_message(
-        QueueUrl=config.dead_letter_queue_url,
-        MessageBody=json.dumps(
-            {
-                "task_id": asked.task_id,
-                "version": asked.version,
-                "task_type": batch.task_type.value,
-                "execution": batch.execution,
-                "error": error,
-            }
-        ),
-    )
+    send_dead_letter(asked.task_id, asked.version, batch.task_type, batch.execution, error)
     return finished
 
 

@@ -1,4 +1,5 @@
-"""The coarse poll: find PENDING tasks due within the look-ahead and dispatch them.
+"""The coarse poll: settle tasks stuck in flight, then find PENDING tasks due within the
+look-ahead and dispatch them.
 
 The due index is sparse (only PENDING tasks carry its keys) and sharded, so a run reads
 what is due, never the whole table; overdue tasks are found too, so none is stranded.
@@ -8,7 +9,8 @@ import heapq
 import time
 
 from tocsin import clock
-from tocsin.dispatch import DispatchReport, DueTask, dispatch_all, due_task
+from tocsin.dispatch import DueTask, dispatch_all, due_task
+from tocsin.reconcile import reconcile
 from tocsin.settings import Settings
 from tocsin.store import TaskStore
 
@@ -17,14 +19,16 @@ def find_due(settings: Settings, until_ms: int) -> list[DueTask]:
     """Every shard's due tasks, merged earliest first."""
     store = TaskStore(settings.tasks_table)
     shards = [
-        (due_task(item) for item in store.due_in_shard(shard, until_ms))
+        (due_task(item) for item in store.in_shard(str(shard), until_ms))
         for shard in range(settings.shards)
     ]
     return list(heapq.merge(*shards))
 
 
-def run_finder(settings: Settings, budget_s: float) -> DispatchReport:
-    """One finder run: what is due by now + look-ahead, dispatched within `budget_s`."""
+def run_finder(settings: Settings, budget_s: float) -> dict[str, int]:
+    """One finder run: tasks stuck in flight settled (those requeued are due at once), then
+    what is due by now + look-ahead, dispatched within `budget_s`; what each did."""
     deadline = time.monotonic() + budget_s
+    reconciled = reconcile(settings, clock.now_ms())
     due = find_due(settings, clock.now_ms() + settings.lookahead_s * 1000)
-    return dispatch_all(due, settings, deadline)
+    return {**dispatch_all(due, settings, deadline).as_dict(), **reconciled.as_dict()}

@@ -17,10 +17,11 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, Val
 from tocsin import clock
 from tocsin.dispatch import dispatch_if_due_soon, stop_own_execution
 from tocsin.errors import InvalidTask, TaskConflict, TaskNotFound
+from tocsin.index_keys import due_index_keys
 from tocsin.model import ID_PATTERN, TaskStatus, task_view
 from tocsin.settings import Settings
 from tocsin.store import OWNER_INDEX_KEY, TaskStore
-from tocsin.submit import Timing, due_index_keys, invalid, payload_json
+from tocsin.submit import Timing, invalid, payload_json
 
 MAX_PAGE = 100
 

@@ -18,9 +18,9 @@ from typing import Any
 
 from tocsin import aws, clock
 from tocsin.dispatch import dispatch_if_due_soon
+from tocsin.index_keys import due_index_keys
 from tocsin.settings import Settings
 from tocsin.store import TaskStore
-from tocsin.submit import due_index_keys
 
 FAILED_AGAIN = "failed again, left for the next run"
 

@@ -37,9 +37,15 @@ class TaskStore:
         return reply.get("Item")
 
     def mark_scheduled(
-        self, task_id: str, version: int, execution_arn: str, returning: str = "NONE"
+        self,
+        task_id: str,
+        version: int,
+        execution_arn: str,
+        check_keys: dict[str, Any],
+        returning: str = "NONE",
     ) -> dict[str, Any] | None:
-        """Record that an execution exists and take the task out of the due index.
+        """Record that an execution exists, and move the task from the due shards to the
+        check shards (`check_keys`), where the reconciler looks if it is never settled.
 
         Only a task still PENDING at the same version is marked (a claim, cancel or
         reschedule that got there first wins): None if it was not, else the attributes
@@ -47,24 +53,27 @@ class TaskStore:
         """
         return self._update(
             task_id,
-            "SET #s = :scheduled, execution_arn = :arn REMOVE gsi_pk, gsi_due_ms",
+            "SET #s = :scheduled, execution_arn = :arn, gsi_pk = :pk, gsi_due_ms = :check",
             "#s = :pending AND #v = :v",
             {
                 ":scheduled": TaskStatus.SCHEDULED.value,
                 ":pending": TaskStatus.PENDING.value,
                 ":arn": execution_arn,
                 ":v": version,
+                ":pk": check_keys["gsi_pk"],
+                ":check": check_keys["gsi_due_ms"],
             },
             returning=returning,
         )
 
-    def due_in_shard(self, shard: int, until_ms: int) -> Iterator[dict[str, Any]]:
-        """PENDING tasks of one shard due at or before `until_ms`, earliest first, all pages."""
+    def in_shard(self, shard: str, until_ms: int) -> Iterator[dict[str, Any]]:
+        """The dispatch index's entries of one shard up to `until_ms`, earliest first, all
+        pages: due PENDING tasks in a due shard, in-flight ones to check in a check shard."""
         yield from _every_page(
             self._table.query,
             IndexName=DUE_INDEX,
             KeyConditionExpression="gsi_pk = :shard AND gsi_due_ms <= :until",
-            ExpressionAttributeValues={":shard": str(shard), ":until": until_ms},
+            ExpressionAttributeValues={":shard": shard, ":until": until_ms},
         )
 
     def owned(
@@ -130,9 +139,7 @@ class TaskStore:
 
         The old version's execution fails its claim on the version and does nothing.
         """
-        names = {f"#c{i}": name for i, name in enumerate(changes)}
-        values = {f":c{i}": value for i, value in enumerate(changes.values())}
-        sets = ", ".join(f"{name} = {value}" for name, value in zip(names, values, strict=True))
+        names, values, sets = _assignments(changes, "c")
         return self._update_if_changeable(
             task_id,
             owner,
@@ -165,7 +172,9 @@ class TaskStore:
             returning="ALL_NEW",
         )
 
-    def claim(self, task_id: str, version: int, execution: str) -> dict[str, Any] | None:
+    def claim(
+        self, task_id: str, version: int, execution: str, check_keys: dict[str, Any]
+    ) -> dict[str, Any] | None:
         """The exactly-once lock: move one version to RUNNING for `execution`; the item, or
         None if another execution holds it or it changed (cancelled, rescheduled, done).
 
@@ -174,7 +183,7 @@ class TaskStore:
         """
         return self._update(
             task_id,
-            "SET #s = :running, claimed_by = :execution REMOVE gsi_pk, gsi_due_ms",
+            "SET #s = :running, claimed_by = :execution, gsi_pk = :pk, gsi_due_ms = :check",
             "#v = :v AND (#s IN (:pending, :scheduled) "
             "OR (#s = :running AND claimed_by = :execution))",
             {
@@ -183,6 +192,8 @@ class TaskStore:
                 ":scheduled": TaskStatus.SCHEDULED.value,
                 ":execution": execution,
                 ":v": version,
+                ":pk": check_keys["gsi_pk"],
+                ":check": check_keys["gsi_due_ms"],
             },
             returning="ALL_NEW",
         )
@@ -193,13 +204,11 @@ class TaskStore:
         """A claimed version's end: SUCCEEDED or FAILED with `fields`. True when it is so now,
         also when a retried write finds its own first try committed; False if the task
         changed under the claim (it cannot, short of an operator's hand)."""
-        names = {f"#f{i}": name for i, name in enumerate(fields)}
-        values = {f":f{i}": value for i, value in enumerate(fields.values())}
-        sets = ", ".join(f"{name} = {value}" for name, value in zip(names, values, strict=True))
+        names, values, sets = _assignments(fields, "f")
         try:
             self._table.update_item(
                 Key={"task_id": task_id},
-                UpdateExpression=f"SET #s = :status, {sets}",
+                UpdateExpression=f"SET #s = :status, {sets} REMOVE gsi_pk, gsi_due_ms",
                 ConditionExpression="#s = :running AND #v = :v",
                 ExpressionAttributeNames={**STATUS_AND_VERSION, **names},
                 ExpressionAttributeValues={
@@ -224,7 +233,8 @@ class TaskStore:
         return self._update(
             task_id,
             "SET #v = :next, #s = :pending, attempts = :zero, updated_at = :now, "
-            "gsi_pk = :pk, gsi_due_ms = :due REMOVE #e, expires_at, execution_arn, claimed_by",
+            "gsi_pk = :pk, gsi_due_ms = :due "
+            "REMOVE #e, expires_at, execution_arn, claimed_by, requeues",
             "#s = :failed AND #v = :v",
             {
                 ":next": version + 1,
@@ -240,36 +250,65 @@ class TaskStore:
             returning="ALL_NEW",
         )
 
-    def in_status(self, *statuses: TaskStatus) -> Iterator[dict[str, Any]]:
-        """Every task in one of `statuses`, by a full scan: for recovery, never on a hot path."""
-        values = {f":s{i}": status.value for i, status in enumerate(statuses)}
-        yield from _every_page(
-            self._table.scan,
-            ConsistentRead=True,
-            FilterExpression=f"#s IN ({', '.join(values)})",
-            ExpressionAttributeNames={"#s": "status"},
-            ExpressionAttributeValues=values,
-        )
-
-    def requeue(self, task_id: str, version: int, index_keys: dict[str, Any], now_iso: str) -> bool:
-        """A SCHEDULED or RUNNING task whose execution is gone back to PENDING, in the due
-        index at the same version: its idempotency record still stands for that version."""
-        done = self._update(
+    def requeue(
+        self, task_id: str, version: int, requeues: int, due_keys: dict[str, Any], now_iso: str
+    ) -> dict[str, Any] | None:
+        """A task in flight whose execution ended without settling it, PENDING again at the
+        same version (the same idempotency key: what was sent is not sent again), counted
+        in `requeues`, which names its next execution anew. None if it changed meanwhile."""
+        return self._update(
             task_id,
-            "SET #s = :pending, updated_at = :now, gsi_pk = :pk, gsi_due_ms = :due "
-            "REMOVE execution_arn, claimed_by",
-            "#s IN (:scheduled, :running) AND #v = :v",
+            "SET #s = :pending, requeues = :next, updated_at = :now, gsi_pk = :pk, "
+            "gsi_due_ms = :due REMOVE execution_arn, claimed_by",
+            "#s IN (:scheduled, :running) AND #v = :v AND "
+            "(attribute_not_exists(requeues) OR requeues = :seen)",
             {
                 ":pending": TaskStatus.PENDING.value,
                 ":scheduled": TaskStatus.SCHEDULED.value,
                 ":running": TaskStatus.RUNNING.value,
                 ":v": version,
+                ":seen": requeues,
+                ":next": requeues + 1,
                 ":now": now_iso,
-                ":pk": index_keys["gsi_pk"],
-                ":due": index_keys["gsi_due_ms"],
+                ":pk": due_keys["gsi_pk"],
+                ":due": due_keys["gsi_due_ms"],
+            },
+            returning="ALL_NEW",
+        )
+
+    def fail_in_flight(
+        self, task_id: str, version: int, fields: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """FAILED with `fields`, if still in flight at `version`; None if it changed."""
+        names, values, sets = _assignments(fields, "f")
+        return self._update(
+            task_id,
+            f"SET #s = :failed, {sets} REMOVE gsi_pk, gsi_due_ms",
+            "#s IN (:scheduled, :running) AND #v = :v",
+            {
+                ":failed": TaskStatus.FAILED.value,
+                ":scheduled": TaskStatus.SCHEDULED.value,
+                ":running": TaskStatus.RUNNING.value,
+                ":v": version,
+                **values,
+            },
+            names,
+            returning="ALL_NEW",
+        )
+
+    def check_later(self, task_id: str, version: int, check_ms: int) -> None:
+        """Look at an in-flight task again at `check_ms` (its execution is still running)."""
+        self._update(
+            task_id,
+            "SET gsi_due_ms = :check",
+            "#s IN (:scheduled, :running) AND #v = :v",
+            {
+                ":check": check_ms,
+                ":scheduled": TaskStatus.SCHEDULED.value,
+                ":running": TaskStatus.RUNNING.value,
+                ":v": version,
             },
         )
-        return done is not None
 
     def _update(
         self,
@@ -296,6 +335,14 @@ class TaskStore:
         except self._conditional_failed:
             return None
         return reply.get("Attributes", {})
+
+
+def _assignments(fields: dict[str, Any], prefix: str) -> tuple[dict[str, str], dict[str, Any], str]:
+    """`fields` as placeholder names, placeholder values and `#n = :v, …` to SET them."""
+    names = {f"#{prefix}{i}": name for i, name in enumerate(fields)}
+    values = {f":{prefix}{i}": value for i, value in enumerate(fields.values())}
+    sets = ", ".join(f"{name} = {value}" for name, value in zip(names, values, strict=True))
+    return names, values, sets
 
 
 def _every_page(read: Any, **request: Any) -> Iterator[dict[str, Any]]:

@@ -16,6 +16,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, Val
 from tocsin import clock
 from tocsin.dispatch import dispatch_if_due_soon
 from tocsin.errors import InvalidTask, TaskConflict
+from tocsin.index_keys import due_index_keys
 from tocsin.model import (
     DEFAULT_MAX_ATTEMPTS,
     ID_PATTERN,
@@ -78,16 +79,6 @@ def payload_json(payload: JsonValue) -> str:
     if len(encoded.encode()) > MAX_PAYLOAD_BYTES:
         raise InvalidTask(f"payload: larger than {MAX_PAYLOAD_BYTES} bytes", field="payload")
     return encoded
-
-
-def shard_of(task_id: str, shards: int) -> int:
-    """A stable shard per id, spreading a hot minute over the index's partitions."""
-    return int.from_bytes(hashlib.sha256(task_id.encode()).digest()[:4], "big") % shards
-
-
-def due_index_keys(task_id: str, due_ms: int, config: Settings) -> dict[str, Any]:
-    """The attributes that put a PENDING task in the finder's sparse due index."""
-    return {"gsi_pk": str(shard_of(task_id, config.shards)), "gsi_due_ms": due_ms}
 
 
 def new_item(

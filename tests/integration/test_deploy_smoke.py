@@ -86,7 +86,7 @@ def test_the_tasks_table_has_its_indexes_and_ttl(deployed):
     ]
     assert indexes["DispatchIndex"]["Projection"] == {
         "ProjectionType": "INCLUDE",
-        "NonKeyAttributes": ["version", "task_type"],
+        "NonKeyAttributes": ["version", "task_type", "requeues"],
     }
     assert [k["AttributeName"] for k in indexes["OwnerIndex"]["KeySchema"]] == ["owner", "due_ms"]
     assert table["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"

@@ -8,26 +8,14 @@ import boto3
 import pytest
 from botocore.exceptions import EndpointConnectionError
 
-from tests.conftest import stored, wait_for_status, webhook_task
+from tests.conftest import dead_letters, store_pending, stored, wait_for_status, webhook_task
 from tocsin import aws, clock
+from tocsin.index_keys import check_index_keys
 from tocsin.local.cost import transitions
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.settings import settings
 from tocsin.store import TaskStore
 from tocsin.submit import new_item
-
-
-def store_pending(
-    receiver_url: str, count: int, due_in_ms: int, prefix: str, **changes: object
-) -> list[str]:
-    """PENDING tasks in the due index, not yet dispatched (as the finder finds them)."""
-    now = clock.now_ms()
-    store = TaskStore(settings().tasks_table)
-    ids = [f"{prefix}-{i}" for i in range(count)]
-    for i, task_id in enumerate(ids):
-        body = webhook_task(receiver_url, now + due_in_ms + i * 37, task_id) | changes
-        store.create(new_item(body, "alice", now, settings()))
-    return ids
 
 
 def test_two_finders_at_once_fire_each_task_once(runtime, receiver):
@@ -74,14 +62,6 @@ def test_finder_crash_between_start_and_mark_still_fires_once(runtime, receiver)
         wait_for_status(task_id, {"SUCCEEDED"})
     assert Counter(a.task_id for a in receiver.received()) == dict.fromkeys(ids, 1)
     assert {e.name for e in runtime.executions()} == started
-
-
-def dead_letters(runtime) -> list[dict]:
-    """The DLQ's messages, once every execution has finished."""
-    assert runtime.wait_for_executions(10)
-    sqs = boto3.client("sqs")
-    reply = sqs.receive_message(QueueUrl=runtime.dead_letter_queue_url, MaxNumberOfMessages=10)
-    return [json.loads(m["Body"]) for m in reply.get("Messages", [])]
 
 
 @pytest.mark.parametrize("max_attempts", [1, 3])
@@ -150,9 +130,10 @@ def test_a_retried_invocation_takes_back_its_claim_and_does_not_act_again(runtim
 def test_another_execution_cannot_claim_a_held_task(runtime, receiver):
     ids = store_pending(receiver.url, 1, -1000, "held")
     store = TaskStore(settings().tasks_table)
-    assert store.claim(ids[0], 1, "arn:execution:first")["status"] == "RUNNING"
-    assert store.claim(ids[0], 1, "arn:execution:first") is not None  # its holder, again
-    assert store.claim(ids[0], 1, "arn:execution:second") is None
+    check = check_index_keys(ids[0], int(stored(ids[0])["due_ms"]), settings())
+    assert store.claim(ids[0], 1, "arn:execution:first", check)["status"] == "RUNNING"
+    assert store.claim(ids[0], 1, "arn:execution:first", check) is not None  # its holder
+    assert store.claim(ids[0], 1, "arn:execution:second", check) is None
     other = runtime.invoke("WebhookExecutorFunction", batch_event(ids[0], "arn:execution:second"))
     assert other == {"tasks": 1, "claimed": 0}
     assert receiver.received() == [] and stored(ids[0])["claimed_by"] == "arn:execution:first"

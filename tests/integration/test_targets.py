@@ -207,6 +207,9 @@ def test_generated_scheduled_event_runs_the_finder(runtime):
         "deferred": 0,
         "backlog": 0,
         "executions": 0,
+        "stuck": 0,
+        "requeued": 0,
+        "failed_stuck": 0,
     }
 
 

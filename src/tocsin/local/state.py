@@ -15,11 +15,8 @@ from typing import Any
 
 import boto3
 
-from tocsin import clock
-from tocsin.model import TaskStatus
+from tocsin.reconcile import Reconciled, reconcile
 from tocsin.settings import settings
-from tocsin.store import TaskStore
-from tocsin.submit import due_index_keys
 
 BATCH = 25  # BatchWriteItem's limit
 PARTS = {"tables", "queues", "secrets"}
@@ -66,17 +63,14 @@ def restore(stack_name: str, state: dict[str, Any]) -> None:
         client.put_secret_value(SecretId=name, SecretString=value)
 
 
+NO_LATER_THAN_EVER = 2**53  # every task in flight, whatever its check time
+
+
 def requeue_interrupted() -> list[str]:
-    """Tasks whose executions died with the last runtime, back to PENDING at their version;
-    their ids."""
-    config = settings()
-    store, now_iso = TaskStore(config.tasks_table), clock.to_iso(clock.now_ms())
-    requeued = []
-    for item in store.in_status(TaskStatus.SCHEDULED, TaskStatus.RUNNING):
-        keys = due_index_keys(item["task_id"], int(item["due_ms"]), config)
-        if store.requeue(item["task_id"], int(item["version"]), keys, now_iso):
-            requeued.append(item["task_id"])
-    return requeued
+    """Tasks whose executions died with the last runtime, settled by the reconciler at once
+    (none of those executions runs here): PENDING again at their version; their ids."""
+    report = reconcile(settings(), until_ms=NO_LATER_THAN_EVER)
+    return [task_id for task_id, outcome in report.tasks if outcome is Reconciled.REQUEUED]
 
 
 def load(path: Path) -> dict[str, Any] | None:

@@ -1,0 +1,110 @@
+"""The reconciler: no task stays SCHEDULED or RUNNING for good.
+
+A task in flight sits in a check shard of the dispatch index at the time its execution
+must have settled it by (`index_keys.SETTLE_AFTER_MS` after its due time). Each finder
+run looks at the ones past that time and at their execution:
+
+* still running (a long retry): look again later;
+* ended without settling the task (its invocation crashed or timed out for good and the
+  batch went to the DLQ, a finder died between start and mark and no run came back, the
+  embedded runtime restarted): the task goes back to PENDING at the same version, its
+  `requeues` counted, which gives its next execution a name not yet taken. The version
+  and so the idempotency key stay: if the lost execution had sent it, the idempotency
+  record answers instead of a second send;
+* after MAX_REQUEUES such ends: FAILED, with a dead letter of its own.
+"""
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from tocsin import aws, clock
+from tocsin.dead_letter import send_dead_letter
+from tocsin.index_keys import check_shard, due_index_keys
+from tocsin.model import TaskStatus
+from tocsin.observability import logger
+from tocsin.settings import Settings
+from tocsin.store import TaskStore
+
+MAX_REQUEUES = 3
+CHECK_AGAIN_MS = 5 * 60 * 1000
+
+
+class Reconciled(StrEnum):
+    REQUEUED = "requeued"
+    FAILED = "failed_stuck"
+    STILL_RUNNING = "still_running"
+    CHANGED = "changed"  # settled meanwhile: nothing to do
+
+
+@dataclass
+class ReconcileReport:
+    outcomes: Counter[Reconciled] = field(default_factory=Counter)
+    tasks: list[tuple[str, Reconciled]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, int]:
+        stuck = sum(self.outcomes[o] for o in (Reconciled.REQUEUED, Reconciled.FAILED))
+        return {
+            "stuck": stuck,
+            Reconciled.REQUEUED.value: self.outcomes[Reconciled.REQUEUED],
+            Reconciled.FAILED.value: self.outcomes[Reconciled.FAILED],
+        }
+
+
+def _execution_running(execution_arn: str | None) -> bool:
+    """Whether the execution still runs; one that is gone (or never was) does not."""
+    if not execution_arn:
+        return False
+    sfn = aws.client("stepfunctions")
+    try:
+        return sfn.describe_execution(executionArn=execution_arn)["status"] == "RUNNING"
+    except sfn.exceptions.ExecutionDoesNotExist:
+        return False
+
+
+def _settle(store: TaskStore, item: dict[str, Any], config: Settings, now_ms: int) -> Reconciled:
+    task_id, version = item["task_id"], int(item["version"])
+    execution = item.get("claimed_by") or item.get("execution_arn")
+    if _execution_running(execution):
+        store.check_later(task_id, version, now_ms + CHECK_AGAIN_MS)
+        return Reconciled.STILL_RUNNING
+    requeues = int(item.get("requeues", 0))
+    if requeues < MAX_REQUEUES:
+        keys = due_index_keys(task_id, int(item["due_ms"]), config)
+        requeued = store.requeue(task_id, version, requeues, keys, clock.to_iso(now_ms))
+        return Reconciled.REQUEUED if requeued else Reconciled.CHANGED
+    error = {
+        "Error": "TaskStuck",
+        "Cause": f"{requeues + 1} executions ended without settling it (last: {execution})",
+    }
+    failed = store.fail_in_flight(
+        task_id,
+        version,
+        {
+            "error": json.dumps(error),
+            "expires_at": int(item["due_ms"]) // 1000 + config.retention_days * 86_400,
+        },
+    )
+    if failed is None:
+        return Reconciled.CHANGED
+    send_dead_letter(task_id, version, item["task_type"], execution or "", error)
+    return Reconciled.FAILED
+
+
+def reconcile(config: Settings, until_ms: int) -> ReconcileReport:
+    """Settle every task in flight whose check time is at or before `until_ms`."""
+    store, now_ms, report = TaskStore(config.tasks_table), clock.now_ms(), ReconcileReport()
+    for shard in range(config.shards):
+        for entry in list(store.in_shard(check_shard(shard), until_ms)):
+            item = store.get(entry["task_id"])
+            in_flight = item and item["status"] in (TaskStatus.SCHEDULED, TaskStatus.RUNNING)
+            if not in_flight or int(item["version"]) != int(entry["version"]):
+                continue  # settled since the index was read
+            outcome = _settle(store, item, config, now_ms)
+            report.outcomes[outcome] += 1
+            report.tasks.append((item["task_id"], outcome))
+            if outcome is not Reconciled.STILL_RUNNING:
+                logger.warning("stuck task settled", task_id=item["task_id"], outcome=outcome)
+    return report

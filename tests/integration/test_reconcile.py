@@ -1,0 +1,114 @@
+"""Nothing stuck, ever: tasks whose execution ended without settling them are requeued at
+their version (what was sent is not sent again), or failed to the DLQ after a few tries."""
+
+from collections import Counter
+from datetime import datetime
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+
+from tests.conftest import dead_letters, store_pending, stored, wait_for_status
+from tocsin import aws, clock
+from tocsin.index_keys import SETTLE_AFTER_MS
+from tocsin.reconcile import CHECK_AGAIN_MS, MAX_REQUEUES, reconcile
+from tocsin.settings import settings
+from tocsin.store import TaskStore
+
+GONE = "arn:aws:states:us-east-1:123456789012:execution:tocsin-TaskStateMachine:gone"
+
+
+def past_check_time(task_id: str) -> int:
+    """A moment at which the reconciler must look at the task."""
+    return int(stored(task_id)["due_ms"]) + SETTLE_AFTER_MS + 1
+
+
+def batch_event(task_id: str, execution: str) -> dict:
+    due_ms = int(stored(task_id)["due_ms"])
+    return {
+        "execution": execution,
+        "task_type": "webhook",
+        "tasks": [{"task_id": task_id, "version": 1, "due_ms": due_ms}],
+    }
+
+
+def test_a_task_whose_execution_ended_before_its_claim_is_requeued_and_fires_once(
+    runtime, receiver
+):
+    [task_id] = store_pending(receiver.url, 1, 8000, "aborted")
+    runtime.run_finder()
+    arn = stored(task_id)["execution_arn"]
+    boto3.client("stepfunctions").stop_execution(executionArn=arn)  # gone before its wake
+    assert runtime.wait_for_executions(5)
+    assert stored(task_id)["status"] == "SCHEDULED"
+
+    report = reconcile(settings(), past_check_time(task_id))
+    assert [(t, str(o)) for t, o in report.tasks] == [(task_id, "requeued")]
+    item = stored(task_id)
+    assert (item["status"], int(item["version"]), int(item["requeues"])) == ("PENDING", 1, 1)
+
+    assert runtime.run_finder()["started"] == 1  # a new name: the old one is taken
+    assert stored(task_id)["execution_arn"].endswith(f":{task_id}-v1r1")
+    wait_for_status(task_id, {"SUCCEEDED"})
+    assert Counter(a.task_id for a in receiver.received()) == {task_id: 1}
+
+
+def test_a_task_sent_by_an_execution_that_died_before_its_mark_is_not_sent_again(runtime, receiver):
+    """The execution sent, then died: requeued at the same version, the next execution's
+    send is answered by the idempotency record, and the first fire time is kept."""
+    [task_id] = store_pending(receiver.url, 1, -500, "died")
+    client = aws.resource("dynamodb").meta.client
+
+    def table_gone(params: dict, **_: object) -> None:
+        if ":status" in params.get("ExpressionAttributeValues", {}):  # the final mark
+            raise ClientError({"Error": {"Code": "AccessDeniedException"}}, "UpdateItem")
+
+    client.meta.events.register("before-parameter-build.dynamodb.UpdateItem", table_gone)
+    try:
+        with pytest.raises(ClientError):
+            runtime.invoke("WebhookExecutorFunction", batch_event(task_id, GONE))
+    finally:
+        client.meta.events.unregister("before-parameter-build.dynamodb.UpdateItem", table_gone)
+    [first] = receiver.received()
+    assert stored(task_id)["status"] == "RUNNING"
+    died_ms = clock.now_ms()
+
+    assert [str(o) for _, o in reconcile(settings(), past_check_time(task_id)).tasks] == [
+        "requeued"
+    ]
+    runtime.run_finder()
+    item = wait_for_status(task_id, {"SUCCEEDED"})
+    assert receiver.received() == [first]  # one send in all
+    fired_ms = clock.to_ms(datetime.fromisoformat(item["fired_at"]))
+    assert fired_ms <= first.arrival_ms and fired_ms < died_ms  # the first fire, recorded
+    assert item["claimed_by"].endswith(f":{task_id}-v1r1")
+
+
+def test_a_task_whose_executions_keep_ending_fails_to_the_dead_letter_queue(runtime, receiver):
+    [task_id] = store_pending(receiver.url, 1, 60_000, "doomed")
+    store = TaskStore(settings().tasks_table)
+    for requeues in range(MAX_REQUEUES + 1):
+        assert store.claim(task_id, 1, f"{GONE}-{requeues}", {"gsi_pk": "check-0", "gsi_due_ms": 0})
+        report = reconcile(settings(), past_check_time(task_id))
+        [(_, outcome)] = report.tasks
+        assert str(outcome) == ("requeued" if requeues < MAX_REQUEUES else "failed_stuck")
+    item = stored(task_id)
+    assert item["status"] == "FAILED" and "gsi_pk" not in item
+    [letter] = dead_letters(runtime)
+    assert (letter["task_id"], letter["version"], letter["error"]["Error"]) == (
+        task_id,
+        1,
+        "TaskStuck",
+    )
+    assert reconcile(settings(), past_check_time(task_id)).tasks == []  # settled for good
+
+
+def test_a_task_whose_execution_still_runs_is_looked_at_again_later(runtime, receiver):
+    [task_id] = store_pending(receiver.url, 1, 15_000, "patient")
+    assert runtime.run_finder()["started"] == 1  # its execution waits for its wake
+    check = past_check_time(task_id)
+    assert [str(o) for _, o in reconcile(settings(), check).tasks] == ["still_running"]
+    item = stored(task_id)
+    assert item["status"] == "SCHEDULED"
+    assert int(item["gsi_due_ms"]) > clock.now_ms() + CHECK_AGAIN_MS - 60_000
+    assert reconcile(settings(), clock.now_ms() + 60_000).tasks == []  # not before then
