@@ -167,6 +167,7 @@ def test_what_moto_cannot_create_is_in_the_translated_template(deployed):
         "SubmitDeadLetterAlarm",
         "FinderErrorsAlarm",
         "ExecutionsFailedAlarm",
+        "StuckTasksAlarm",
         "LatenessAlarm",
     }
     for alarm in alarms.values():
