@@ -72,3 +72,13 @@ def dead_letters(runtime) -> list[dict]:
     sqs = boto3.client("sqs")
     reply = sqs.receive_message(QueueUrl=runtime.dead_letter_queue_url, MaxNumberOfMessages=10)
     return [json.loads(m["Body"]) for m in reply.get("Messages", [])]
+
+
+def batch_event(task_id: str, execution: str = "arn:aws:states:::execution:m:one") -> dict:
+    """What Fire hands the webhook executor for a batch of this one stored task."""
+    due_ms = int(stored(task_id)["due_ms"])
+    return {
+        "execution": execution,
+        "task_type": "webhook",
+        "tasks": [{"task_id": task_id, "version": 1, "due_ms": due_ms}],
+    }

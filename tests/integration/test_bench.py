@@ -98,3 +98,13 @@ def test_bench_refuses_a_plot_it_could_not_write(tmp_path, capsys, plot):
 def test_bench_names_unknown_scenarios(capsys):
     assert main(["bench", "--scenarios", "warp"]) == 2
     assert "finder-scale" in capsys.readouterr().err
+
+
+def test_dense_packs_each_window_into_one_execution(capsys):
+    assert main(["bench", "--scenarios", "dense", "--scale", "0.005", "--json"]) == 0
+    dense = last_json(capsys)["dense"]
+    assert dense["submitted"] == dense["fired"] == 30
+    assert dense["early"] == dense["duplicates"] == dense["lost"] == 0
+    assert "baseline" not in dense
+    assert dense["executions"] <= 11  # 30 tasks over 10 s: a batch per second at most
+    assert dense["transitions_per_task"] == round(2 * dense["executions"] / 30, 3)

@@ -6,16 +6,23 @@ import json
 import pytest
 
 from tocsin.cli import main
-from tocsin.local.chaos import SCENARIOS, run_scenario
+from tocsin.local.chaos import HOLES, SCENARIOS, run_scenario
 
-ZERO = {"duplicates": 0, "early": 0, "lost": 0, "dlq_missing": 0}
+ZERO = dict.fromkeys(HOLES, 0)
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_scenario_loses_duplicates_and_hurries_nothing(name):
     result = run_scenario(name, tasks=15, seed=3)
     assert {k: result[k] for k in ZERO} == ZERO, result
-    assert result["fired"] + result["failed_to_dlq"] == result["tasks"] > 0
+    assert result["fired"] + result["failed_to_dlq"] + result["cancelled"] == result["tasks"] > 0
+
+
+def test_cancels_and_reschedules_race_the_claim_and_both_sides_win_sometimes():
+    result = run_scenario("cancel-reschedule", tasks=16, seed=3)
+    assert result["cancelled_never_fired"] > 0
+    assert result["refused_409_fired_once"] > 0
+    assert {k: result[k] for k in ZERO} == ZERO, result
 
 
 def test_faults_that_cannot_pass_end_in_the_dead_letter_queue():
@@ -39,3 +46,13 @@ def test_chaos_command_refuses_too_few_tasks(capsys):
     with pytest.raises(SystemExit) as refused:
         main(["chaos", "--tasks", "0"])
     assert refused.value.code == 2 and "--tasks" in capsys.readouterr().err
+
+
+def test_the_aws_faults_moto_does_not_show_really_happened():
+    ambiguous = run_scenario("ambiguous-writes", tasks=12, seed=4)
+    assert ambiguous["committed_then_500"] > 0
+    timeouts = run_scenario("executor-timeouts", tasks=9, seed=4)
+    assert timeouts["timed_out_invocations"] > 0
+    for result in (ambiguous, timeouts):
+        assert {k: result[k] for k in ZERO} == ZERO, result
+        assert result["fired"] == result["tasks"]

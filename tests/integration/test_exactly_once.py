@@ -2,13 +2,22 @@
 
 import json
 import threading
+import time
 from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import boto3
 import pytest
 from botocore.exceptions import EndpointConnectionError
 
-from tests.conftest import dead_letters, store_pending, stored, wait_for_status, webhook_task
+from tests.conftest import (
+    batch_event,
+    dead_letters,
+    store_pending,
+    stored,
+    wait_for_status,
+    webhook_task,
+)
 from tocsin import aws, clock
 from tocsin.index_keys import check_index_keys
 from tocsin.local.cost import transitions
@@ -19,22 +28,41 @@ from tocsin.submit import new_item
 
 
 def test_two_finders_at_once_fire_each_task_once(runtime, receiver):
+    """Both finders read every due shard before either starts or marks anything."""
     ids = store_pending(receiver.url, 12, 2500, "race")
-    barrier = threading.Barrier(2)
+    client = aws.resource("dynamodb").meta.client
+    both_read, seen, held = threading.Barrier(2, timeout=30), threading.local(), []
+
+    def count(params: dict, **_: object) -> None:
+        shard = str(params.get("ExpressionAttributeValues", {}).get(":shard"))
+        if threading.current_thread().name.startswith("finder") and "check" not in shard:
+            seen.due_queries = getattr(seen, "due_queries", 0) + 1
+
+    def hold(**_: object) -> None:
+        if getattr(seen, "due_queries", 0) == settings().shards and not hasattr(seen, "held"):
+            seen.held = True
+            held.append(threading.current_thread().name)
+            both_read.wait()
+
+    client.meta.events.register("before-parameter-build.dynamodb.Query", count)
+    client.meta.events.register("after-call.dynamodb.Query", hold)
     reports = []
+    try:
+        threads = [
+            threading.Thread(target=lambda: reports.append(runtime.run_finder()), name=f"finder{i}")
+            for i in range(2)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        client.meta.events.unregister("before-parameter-build.dynamodb.Query", count)
+        client.meta.events.unregister("after-call.dynamodb.Query", hold)
 
-    def finder() -> None:
-        barrier.wait()
-        reports.append(runtime.run_finder())
-
-    threads = [threading.Thread(target=finder) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-
+    assert sorted(held) == ["finder0", "finder1"]  # each waited, its reads done, for the other
     assert [r["found"] for r in reports] == [len(ids), len(ids)]  # both saw every task: a race
-    assert sum(r["started"] + r["already_started"] for r in reports) >= len(ids)
+    assert all(r["backlog"] == 0 for r in reports)
     for task_id in ids:
         wait_for_status(task_id, {"SUCCEEDED"})
     assert runtime.wait_for_executions(10)
@@ -97,15 +125,6 @@ def test_permanent_failure_is_not_retried(runtime, receiver):
     assert len(receiver.received()) == 1
     assert "410" in json.loads(item["error"])["Cause"]
     assert [m["task_id"] for m in dead_letters(runtime)] == ids
-
-
-def batch_event(task_id: str, execution: str = "arn:aws:states:::execution:m:one") -> dict:
-    item = stored(task_id)
-    return {
-        "execution": execution,
-        "task_type": "webhook",
-        "tasks": [{"task_id": task_id, "version": 1, "due_ms": int(item["due_ms"])}],
-    }
 
 
 def test_a_retried_invocation_takes_back_its_claim_and_does_not_act_again(runtime, receiver):
@@ -245,3 +264,45 @@ def test_crowded_seconds_wake_staggered_and_still_fire_once_on_time(receiver):
     arrivals = receiver.received()
     assert Counter(a.task_id for a in arrivals) == dict.fromkeys(ids, 1)
     assert all(a.arrival_ms >= due[a.task_id] for a in arrivals)
+
+
+def test_a_retry_that_meets_a_send_in_progress_waits_for_it_and_does_not_send_again(runtime):
+    """A retried invocation (the first one's answer was lost) meets the first one still in
+    its send: the idempotency record is IN_PROGRESS, so it waits, then reports the result
+    the first one recorded."""
+    hits, release = [], threading.Event()
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            hits.append(clock.now_ms())
+            release.wait(10)
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        [task_id] = store_pending(f"http://127.0.0.1:{server.server_address[1]}", 1, -500, "slow")
+        event = batch_event(task_id)
+        results = []
+        first = threading.Thread(
+            target=lambda: results.append(runtime.invoke("WebhookExecutorFunction", event))
+        )
+        first.start()
+        while not hits:
+            time.sleep(0.01)
+        threading.Timer(2.0, release.set).start()
+        second = runtime.invoke("WebhookExecutorFunction", event)
+        waited_ms = clock.now_ms() - hits[0]
+        first.join()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(hits) == 1 and waited_ms >= 2000
+    assert results == [second] == [{"tasks": 1, "claimed": 1, "fired": 1}]
+    assert stored(task_id)["status"] == "SUCCEEDED"

@@ -124,3 +124,26 @@ def test_a_webhook_redirect_is_not_followed(runtime):
         server.server_close()
     assert hits == ["/hook"]
     assert "307" in json.loads(item["error"])["Cause"]
+
+
+def test_the_largest_payload_that_grows_when_escaped_fires_and_never_enters_the_state(
+    runtime, receiver
+):
+    """A payload of `"` stored at the 200 KB limit (each escaped: `\\"`) is 400 KB once the
+    stored JSON is escaped into a state again, over Step Functions' 256 KB, where
+    `States.DataLimitExceeded` cannot be caught. The state carries ids only."""
+    from tocsin.settings import MAX_PAYLOAD_BYTES
+
+    payload = '"' * ((MAX_PAYLOAD_BYTES - 2) // 2)  # stored as JSON: exactly the limit
+    assert len(json.dumps(payload)) == MAX_PAYLOAD_BYTES
+    body = webhook_task(receiver.url, clock.now_ms() + 1500, "quotes", payload)
+    submit_task(body, owner="alice")
+    wait_for_status("quotes", {"SUCCEEDED"})
+    [arrival] = receiver.received()
+    assert json.loads(arrival.body) == payload
+    sfn = boto3.client("stepfunctions")
+    [execution] = runtime.executions()
+    given = sfn.describe_execution(executionArn=execution.execution_arn)["input"]
+    events = sfn.get_execution_history(executionArn=execution.execution_arn)["events"]
+    largest = max(len(json.dumps(event, default=str)) for event in events)
+    assert len(given) < 1024 and largest < 4096

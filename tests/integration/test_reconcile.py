@@ -8,7 +8,7 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.conftest import dead_letters, store_pending, stored, wait_for_status
+from tests.conftest import batch_event, dead_letters, store_pending, stored, wait_for_status
 from tocsin import aws, clock
 from tocsin.index_keys import SETTLE_AFTER_MS
 from tocsin.reconcile import CHECK_AGAIN_MS, MAX_REQUEUES, reconcile
@@ -21,15 +21,6 @@ GONE = "arn:aws:states:us-east-1:123456789012:execution:tocsin-TaskStateMachine:
 def past_check_time(task_id: str) -> int:
     """A moment at which the reconciler must look at the task."""
     return int(stored(task_id)["due_ms"]) + SETTLE_AFTER_MS + 1
-
-
-def batch_event(task_id: str, execution: str) -> dict:
-    due_ms = int(stored(task_id)["due_ms"])
-    return {
-        "execution": execution,
-        "task_type": "webhook",
-        "tasks": [{"task_id": task_id, "version": 1, "due_ms": due_ms}],
-    }
 
 
 def test_a_task_whose_execution_ended_before_its_claim_is_requeued_and_fires_once(

@@ -128,3 +128,31 @@ def test_a_failure_that_may_pass_is_reported_and_the_message_comes_back(runtime)
         pass
     assert stored("b-1")["status"] == "PENDING"
     assert parked(runtime) == []
+
+
+def test_a_mixed_batch_reports_exactly_the_message_that_may_pass_later(runtime):
+    """Scheduled, refused (parked with its error: not to be retried) and failed on the way
+    (reported, so Lambda returns it to the queue): only the last is a batch item failure."""
+    [template, _] = json.loads((EVENTS / "submit_sqs.json").read_text())["Records"]
+    bodies = {
+        "m-good": json.dumps(submission("mixed-good")),
+        "m-refused": json.dumps({**submission("mixed-refused"), "type": "carrier-pigeon"}),
+        "m-outage": json.dumps(submission("mixed-outage")),
+    }
+    records = [{**template, "messageId": mid, "body": body} for mid, body in bodies.items()]
+    client = aws.resource("dynamodb").meta.client
+
+    def outage(params, **_):
+        if params["Item"]["task_id"] == "mixed-outage":
+            raise EndpointConnectionError(endpoint_url="https://dynamodb")
+
+    client.meta.events.register("before-parameter-build.dynamodb.PutItem", outage)
+    try:
+        reply = runtime.invoke("SubmitFunction", {"Records": records})
+    finally:
+        client.meta.events.unregister("before-parameter-build.dynamodb.PutItem", outage)
+    assert reply == {"batchItemFailures": [{"itemIdentifier": "m-outage"}]}
+    assert stored("mixed-good")["owner"] == template["attributes"]["SenderId"]  # scheduled
+    [message] = parked(runtime)
+    assert json.loads(message["Body"])["id"] == "mixed-refused"
+    assert message["MessageAttributes"]["error_field"]["StringValue"] == "type"

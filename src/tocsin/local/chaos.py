@@ -18,7 +18,8 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -48,6 +49,7 @@ class Trial:
     rng: random.Random
     due: dict[str, int] = field(default_factory=dict)  # idempotency key -> due ms
     extra_creations: int = 0  # submissions beyond the first that created a task again
+    may_fail: set[str] = field(default_factory=set)  # ids the scenario means to fail
     notes: dict[str, Any] = field(default_factory=dict)  # what a scenario saw, reported as is
     runtimes: ExitStack = field(default_factory=ExitStack)  # this runtime, and any restarted
     exits: ExitStack = field(default_factory=ExitStack)  # the scenario's faults
@@ -145,6 +147,10 @@ class Trial:
             status = item["status"]
             counts["fired"] += delivered[key] > 0
             counts["failed_to_dlq"] += status == "FAILED"
+            counts["cancelled"] += status == "CANCELLED"
+            counts["unexpected_failures"] += (
+                status == "FAILED" and item["task_id"] not in self.may_fail
+            )
             explained = (
                 (status == "SUCCEEDED" and delivered[key] > 0)
                 or status == "FAILED"
@@ -174,7 +180,18 @@ class Trial:
                 keys.update(f"{task['task_id']}:{task['version']}" for task in named)
 
 
-JUDGED = ("tasks", "fired", "duplicates", "early", "lost", "failed_to_dlq", "dlq_missing")
+JUDGED = (
+    "tasks",
+    "fired",
+    "duplicates",
+    "early",
+    "lost",
+    "failed_to_dlq",
+    "cancelled",
+    "unexpected_failures",
+    "dlq_missing",
+)
+HOLES = ("duplicates", "early", "lost", "unexpected_failures", "dlq_missing")
 
 
 def _current(item: dict[str, Any]) -> str:
@@ -256,12 +273,57 @@ def dynamodb_faults(trial: Trial, tasks: int) -> None:
     trial.finder_until_done()
 
 
+def ambiguous_writes(trial: Trial, tasks: int) -> None:
+    """A quarter of UpdateItem calls (marks, claims, final marks) commit, then answer 500:
+    botocore sends them again, and each retry must find its own write."""
+    faults = [Fault("InternalServerError", 500, 1 / 4, after_commit=True)]
+    trial.runtime.dynamodb.set_faults("UpdateItem", faults, seed=trial.rng.randrange(2**32))
+    trial.store(tasks, "ambiguous")
+    trial.finder_until_done()
+    trial.settle()
+    trial.notes["committed_then_500"] = trial.runtime.dynamodb.usage()["injected"].get(
+        "InternalServerError", 0
+    )
+
+
+EXECUTOR_TIMEOUT_S = 12.0  # the scenario's: long enough for the lead and the window
+
+
+def executor_timeouts(trial: Trial, tasks: int) -> None:
+    """For a third of the tasks, the first invocation of their batch hangs past the
+    executor's timeout before it reaches the handler (Lambda answers `Sandbox.Timedout`
+    and kills the sandbox); Fire retries it."""
+    ids = trial.store(tasks, "timeout")
+    hanging = set(trial.rng.sample(ids, max(1, len(ids) // 3)))
+    runtime, invoke = trial.runtime, trial.runtime.invoke
+    for logical_id, function in list(runtime.functions.items()):
+        if logical_id.endswith(EXECUTORS):
+            runtime.functions[logical_id] = replace(function, timeout_s=EXECUTOR_TIMEOUT_S)
+
+    def hangs(logical_id: str, event: Any) -> Any:
+        named = {t["task_id"] for t in event.get("tasks", [])} if isinstance(event, dict) else set()
+        if logical_id.endswith(EXECUTORS) and named & hanging:
+            hanging.difference_update(named)
+            trial.notes["timed_out_invocations"] = trial.notes.get("timed_out_invocations", 0) + 1
+            time.sleep(EXECUTOR_TIMEOUT_S + 1)
+            raise SandboxKilled("injected: the sandbox was killed at its timeout")
+        return invoke(logical_id, event)
+
+    trial.exits.enter_context(mock.patch.object(runtime, "invoke", hangs))
+    trial.finder_until_done()
+
+
+class SandboxKilled(Exception):
+    """What the hanging invocation meets once Lambda has answered for it."""
+
+
 def executor_faults(trial: Trial, tasks: int) -> None:
     """Executor invocations fail as a whole the first time for half the tasks (the table
     out of reach: the state machine retries, and the retry claims again); a tenth of the
     targets refuse their task for good."""
     ids = trial.store(tasks, "executor", "/executor/{id}")
     permanent = set(trial.rng.sample(ids, max(1, len(ids) // 10)))
+    trial.may_fail |= permanent
     for task_id in permanent:
         trial.receiver.status_for[f"/executor/{task_id}"] = 410
     transient = set(trial.rng.sample(sorted(set(ids) - permanent), len(ids) // 2))
@@ -293,31 +355,58 @@ def webhook_faults(trial: Trial, tasks: int) -> None:
             trial.receiver.script_for[f"{path}/{task_id}"] = list(script)
     for task_id in trial.store(per_path, "down", "/down/{id}"):
         trial.receiver.status_for[f"/down/{task_id}"] = 500
+        trial.may_fail.add(task_id)
     trial.finder_until_done()
 
 
+RACE_WINDOW_MS = (-1500, 700)  # around the wake: moto's Wait ends up to 1 s before it
+
+
+def _wake_ms(task_id: str) -> int:
+    """The wake time of the task's execution, read from its input: the claim follows it."""
+    from tocsin.store import TaskStore
+
+    arn = TaskStore(settings().tasks_table).get(task_id)["execution_arn"]  # type: ignore[index]
+    given = json.loads(aws.client("stepfunctions").describe_execution(executionArn=arn)["input"])
+    return clock.to_ms(datetime.fromisoformat(given["wake_at"]))
+
+
 def cancel_and_reschedule_races(trial: Trial, tasks: int) -> None:
-    """Cancels and reschedules land at the due time, a few ms either side."""
+    """Cancels and reschedules land around each task's claim (its execution's wake time),
+    their offsets spread evenly over RACE_WINDOW_MS: some before the claim (cancelled and
+    never fired, or rescheduled), some after it (409, and the task fires once)."""
     plan = trial.plan(tasks, "race")
     for task_id, due_ms in plan:
         assert trial.api("POST", "/tasks", trial.body(task_id, due_ms))[0] == 201
+    low, high = RACE_WINDOW_MS
+    answers: dict[str, tuple[str, int]] = {}
 
-    def act(task_id: str, due_ms: int, offset_ms: int, reschedule: bool) -> None:
-        time.sleep(max(0, due_ms + offset_ms - clock.now_ms()) / 1000)
+    def act(task_id: str, offset_ms: int, reschedule: bool) -> None:
+        time.sleep(max(0, _wake_ms(task_id) + offset_ms - clock.now_ms()) / 1000)
         if reschedule:
             new_due = clock.now_ms() + 3000
             status, _ = trial.api("PATCH", f"/tasks/{task_id}", {"due_at": clock.to_iso(new_due)})
             if status == 200:
                 trial.due[f"{task_id}:2"] = new_due
         else:
-            trial.api("DELETE", f"/tasks/{task_id}")
+            status, _ = trial.api("DELETE", f"/tasks/{task_id}")
+        answers[task_id] = ("PATCH" if reschedule else "DELETE", status)
 
-    _together(
-        [
-            functools.partial(act, i, d, trial.rng.randint(-5, 5), n % 2 == 0)
-            for n, (i, d) in enumerate(plan)
-        ]
+    work = []
+    for n, (task_id, _) in enumerate(plan):
+        kind = n % 2  # cancels and reschedules each get offsets across the whole window
+        share = (n // 2) / max(1, (len(plan) - 1) // 2)
+        work.append(functools.partial(act, task_id, round(low + share * (high - low)), kind == 0))
+    _together(work)
+    trial.settle()
+    delivered = Counter(a.task_id for a in trial.receiver.received() if 200 <= a.status < 300)
+    trial.notes["cancelled_never_fired"] = sum(
+        answer == ("DELETE", 200) and delivered[task_id] == 0 for task_id, answer in answers.items()
     )
+    trial.notes["refused_409_fired_once"] = sum(
+        answer[1] == 409 and delivered[task_id] == 1 for task_id, answer in answers.items()
+    )
+    trial.notes["rescheduled"] = sum(answer == ("PATCH", 200) for answer in answers.values())
 
 
 def restart(trial: Trial, tasks: int) -> None:
@@ -356,6 +445,8 @@ SCENARIOS: dict[str, Callable[[Trial, int], None]] = {
     "racing-finders": racing_finders,
     "throttled-starts": throttled_starts,
     "dynamodb-faults": dynamodb_faults,
+    "ambiguous-writes": ambiguous_writes,
+    "executor-timeouts": executor_timeouts,
     "executor-faults": executor_faults,
     "webhook-faults": webhook_faults,
     "cancel-reschedule": cancel_and_reschedule_races,
@@ -413,9 +504,7 @@ def main(names: list[str], tasks: int, seed: int, as_json: bool) -> int:
             progress.update(bar, description=name)
             results[name] = run_scenario(name, tasks, seed)
             progress.advance(bar)
-    holes = sum(
-        r[k] for r in results.values() for k in ("duplicates", "early", "lost", "dlq_missing")
-    )
+    holes = sum(r[k] for r in results.values() for k in HOLES)
     if as_json:
         print(json.dumps(results))
         return 1 if holes else 0
@@ -426,5 +515,16 @@ def main(names: list[str], tasks: int, seed: int, as_json: bool) -> int:
     for name, result in results.items():
         if "at_stop" in result:
             console.print(f"{name}: tasks by status at the stop {result['at_stop']}")
-    console.print("no task duplicated, early or lost" if not holes else f"{holes} problems")
+    for name, result in results.items():
+        if "cancelled_never_fired" in result:
+            console.print(
+                f"{name}: {result['cancelled_never_fired']} cancelled and never fired, "
+                f"{result['refused_409_fired_once']} refused with 409 and fired once, "
+                f"{result['rescheduled']} rescheduled"
+            )
+    console.print(
+        "no task duplicated, early, lost or failed unexpectedly"
+        if not holes
+        else f"{holes} problems"
+    )
     return 1 if holes else 0

@@ -36,11 +36,14 @@ READY_TIMEOUT_S = 60.0
 
 @dataclass(frozen=True)
 class Fault:
-    """An error DynamoDB can answer with, and the share of requests that get it."""
+    """An error DynamoDB can answer with, and the share of requests that get it; with
+    `after_commit`, the request is carried out first (an ambiguous write: it committed,
+    and the caller sees a failure)."""
 
     code: str
     status: int
     share: float
+    after_commit: bool = False
 
 
 def process_usage() -> dict[str, float]:
@@ -58,6 +61,7 @@ class _Service:
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     requests: Counter[str] = field(default_factory=Counter)
+    injected: Counter[str] = field(default_factory=Counter)  # faults met, by code
     faults: dict[str, list[Fault]] = field(default_factory=dict)
     rng: random.Random = field(default_factory=random.Random)
 
@@ -68,11 +72,12 @@ class _Service:
         for fault in self.faults.get(action, []):
             below += fault.share
             if roll < below:
+                self.injected[fault.code] += 1
                 return fault
         return None
 
     def usage(self) -> dict[str, Any]:
-        return {"requests": dict(self.requests), **process_usage()}
+        return {"requests": dict(self.requests), "injected": dict(self.injected), **process_usage()}
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -102,7 +107,7 @@ class _Handler(BaseHTTPRequestHandler):
         )
         with self.service.lock:
             fault = self.service.fault_for(action)
-            if fault is None:
+            if fault is None or fault.after_commit:
                 status, headers, answer = botocore_stubber.process_request(request)
         if fault is not None:
             error = {"__type": ERROR_TYPE_PREFIX + fault.code, "message": "injected fault"}

@@ -557,6 +557,10 @@ class EmbeddedRuntime:
             self._exits.enter_context(mock.patch.object(module, "boto_client_for", shared))
 
     def _route_invoke(self, name: str, body: Any, response_headers: dict[str, str]) -> bytes:
+        """Run the function an execution invokes, as Lambda would: an exception is a function
+        error named by its type, and an invocation past the function's timeout answers
+        `Sandbox.Timedout` (Lambda then kills the sandbox; a thread cannot be killed, so
+        here it runs on, and its writes land late, like a slow one's)."""
         event = json.loads(body) if body else {}
         function = next((f for f in self.functions.values() if f.name == name), None)
         if function is None:  # a user's target function: record what it was sent
@@ -564,17 +568,29 @@ class EmbeddedRuntime:
             return b""
         with self._invocations_done:
             self._invoking += 1
-        try:
-            return json.dumps(self.invoke(function.logical_id, event)).encode()
-        except Exception as error:
+        answer: list[tuple[bytes, bool]] = []  # the payload, and whether it is an error
+
+        def run() -> None:
+            try:
+                result = self.invoke(function.logical_id, event)
+                answer.append((json.dumps(result).encode(), False))
+            except Exception as error:
+                answer.append((_function_error(type(error).__name__, str(error)), True))
+            finally:
+                with self._invocations_done:
+                    self._invoking -= 1
+                    self._invocations_done.notify_all()
+
+        invocation = threading.Thread(target=run, name=f"invoke-{function.logical_id}")
+        invocation.start()
+        invocation.join(function.timeout_s)
+        if not answer:
+            timed_out = f"Task timed out after {function.timeout_s:.2f} seconds"
+            answer.append((_function_error("Sandbox.Timedout", timed_out), True))
+        payload, failed = answer[0]
+        if failed:
             response_headers["x-amz-function-error"] = "Unhandled"
-            return json.dumps(
-                {"errorType": type(error).__name__, "errorMessage": str(error)}
-            ).encode()
-        finally:
-            with self._invocations_done:
-                self._invoking -= 1
-                self._invocations_done.notify_all()
+        return payload
 
     def _drain_invocations(self) -> None:
         """Let invocations under way finish, as Lambda would: what they did is then saved
@@ -719,6 +735,11 @@ def _replace_refs(value: Any, values: dict[str, str]) -> Any:
     if isinstance(value, list):
         return [_replace_refs(item, values) for item in value]
     return value
+
+
+def _function_error(error_type: str, message: str) -> bytes:
+    """A function error's payload, as Lambda answers it to Step Functions."""
+    return json.dumps({"errorType": error_type, "errorMessage": message}).encode()
 
 
 def _empty_zip() -> bytes:
