@@ -12,7 +12,7 @@ from typing import Any
 from tocsin.settings import Settings
 
 # The longest an execution may still be working on a task after its due time: Fire's four
-# attempts of up to 130 s each with their backoff, or three waits for a delivery still in
+# attempts of up to 150 s each with their backoff, or three waits for a delivery still in
 # progress (30 + 60 + 120 s) after the first attempt (see statemachines/task.asl.json).
 SETTLE_AFTER_MS = 15 * 60 * 1000
 

@@ -146,6 +146,7 @@ def timed_variant(
     with runtime, ReceiverProcess() as receiver:
         before = runtime.footprint()  # the stack is up: from here on, the tasks' own work
         start = clock.now_ms() + START_DELAY_MS + SUBMIT_ALLOWANCE_MS[variant] * len(offsets)
+        start += 1000 - start % 1000  # on a second: offsets in distinct seconds stay apart
         planned = [PlannedTask(f"{variant}-{i:05d}", start + o) for i, o in enumerate(offsets)]
         bar = bench.progress.add_task(f"{label} {variant}", total=len(planned))
         submitting = time.monotonic()

@@ -142,13 +142,19 @@ class _Handler(BaseHTTPRequestHandler):
         """Quiet: the runtime's clients see every answer."""
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # A batch's executor claims and records with up to 64 connections per client at once;
+    # socketserver's listen backlog of 5 reset the rest (ConnectionClosedError).
+    request_queue_size = 512
+
+
 def serve() -> None:
     """The child's life: moto's DynamoDB on a free local port (printed), until stdin closes."""
     from moto import mock_aws
 
     with mock_aws(), no_model_history():
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        server.daemon_threads = True
+        server = _Server(("127.0.0.1", 0), _Handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         print(server.server_address[1], flush=True)
         sys.stdin.read()  # the parent closes it at its stop, or by exiting

@@ -324,7 +324,7 @@ class EmbeddedRuntime:
             self.usage[logical_id, "invocations"] += 1
             self.usage[logical_id, "ms"] += math.ceil((time.perf_counter() - started) * 1000)
             # No CloudWatch here: drop the invocation's metrics (Powertools keeps them when
-            # disabled, and prints them once 100 values pile up).
+            # disabled; see `_print_no_full_metric_sets`).
             metrics.clear_metrics()
 
     def footprint(self) -> dict[str, Any]:
@@ -486,6 +486,7 @@ class EmbeddedRuntime:
         self._cache_json_paths()
         self._share_service_clients()
         self._keep_no_history()
+        self._print_no_full_metric_sets()
 
     def _put_gates_first(self) -> None:
         """DynamoDB calls wait while a gate is about to let go (`tocsin.local.gates_first`);
@@ -514,6 +515,17 @@ class EmbeddedRuntime:
             module = importlib.import_module(prefix + name)
             cached = functools.lru_cache(maxsize=1024)(module.parse)
             self._exits.enter_context(mock.patch.object(module, "parse", cached))
+
+    def _print_no_full_metric_sets(self) -> None:
+        """Powertools prints a metric set as soon as one metric holds 100 values, disabled
+        or not (on AWS that is EMF going to CloudWatch): an executor whose batch holds
+        more tasks would write it over the CLI's output. No CloudWatch here."""
+        from aws_lambda_powertools.metrics.provider.cloudwatch_emf import cloudwatch
+
+        def drop(*_: Any, **__: Any) -> None:
+            pass
+
+        self._exits.enter_context(mock.patch.object(cloudwatch, "print", drop, create=True))
 
     def _keep_no_history(self) -> None:
         """moto keeps every model object (`no_model_history`), and its interpreter every
