@@ -517,15 +517,21 @@ class EmbeddedRuntime:
             self._exits.enter_context(mock.patch.object(module, "parse", cached))
 
     def _print_no_full_metric_sets(self) -> None:
-        """Powertools prints a metric set as soon as one metric holds 100 values, disabled
-        or not (on AWS that is EMF going to CloudWatch): an executor whose batch holds
-        more tasks would write it over the CLI's output. No CloudWatch here."""
+        """Powertools prints a metric set as soon as one metric holds 100 values, even with
+        metrics disabled (on AWS that is EMF going to CloudWatch): an executor whose batch
+        holds more tasks would write it over the CLI's output. While metrics are disabled
+        (the runtime's default: no CloudWatch here), its prints are dropped."""
+        import builtins
+
         from aws_lambda_powertools.metrics.provider.cloudwatch_emf import cloudwatch
 
-        def drop(*_: Any, **__: Any) -> None:
-            pass
+        def print_if_enabled(*args: Any, **kwargs: Any) -> None:
+            if not cloudwatch.is_metrics_disabled():
+                builtins.print(*args, **kwargs)
 
-        self._exits.enter_context(mock.patch.object(cloudwatch, "print", drop, create=True))
+        self._exits.enter_context(
+            mock.patch.object(cloudwatch, "print", print_if_enabled, create=True)
+        )
 
     def _keep_no_history(self) -> None:
         """moto keeps every model object (`no_model_history`), and its interpreter every
