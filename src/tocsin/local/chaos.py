@@ -362,11 +362,15 @@ def webhook_faults(trial: Trial, tasks: int) -> None:
 RACE_WINDOW_MS = (-1500, 700)  # around the wake: moto's Wait ends up to 1 s before it
 
 
-def _wake_ms(task_id: str) -> int:
-    """The wake time of the task's execution, read from its input: the claim follows it."""
+def _wake_ms(task_id: str, due_ms: int) -> int:
+    """The wake time of the task's execution, read from its input: the claim follows it.
+    (A claim can come before the submit's mark: then only `claimed_by` names it.)"""
     from tocsin.store import TaskStore
 
-    arn = TaskStore(settings().tasks_table).get(task_id)["execution_arn"]  # type: ignore[index]
+    item = TaskStore(settings().tasks_table).get(task_id) or {}
+    arn = item.get("execution_arn") or item.get("claimed_by")
+    if not arn:  # not started (yet): the due time is the nearest guess
+        return due_ms
     given = json.loads(aws.client("stepfunctions").describe_execution(executionArn=arn)["input"])
     return clock.to_ms(datetime.fromisoformat(given["wake_at"]))
 
@@ -381,8 +385,8 @@ def cancel_and_reschedule_races(trial: Trial, tasks: int) -> None:
     low, high = RACE_WINDOW_MS
     answers: dict[str, tuple[str, int]] = {}
 
-    def act(task_id: str, offset_ms: int, reschedule: bool) -> None:
-        time.sleep(max(0, _wake_ms(task_id) + offset_ms - clock.now_ms()) / 1000)
+    def act(task_id: str, due_ms: int, offset_ms: int, reschedule: bool) -> None:
+        time.sleep(max(0, _wake_ms(task_id, due_ms) + offset_ms - clock.now_ms()) / 1000)
         if reschedule:
             new_due = clock.now_ms() + 3000
             status, _ = trial.api("PATCH", f"/tasks/{task_id}", {"due_at": clock.to_iso(new_due)})
@@ -393,10 +397,11 @@ def cancel_and_reschedule_races(trial: Trial, tasks: int) -> None:
         answers[task_id] = ("PATCH" if reschedule else "DELETE", status)
 
     work = []
-    for n, (task_id, _) in enumerate(plan):
+    for n, (task_id, due_ms) in enumerate(plan):
         kind = n % 2  # cancels and reschedules each get offsets across the whole window
         share = (n // 2) / max(1, (len(plan) - 1) // 2)
-        work.append(functools.partial(act, task_id, round(low + share * (high - low)), kind == 0))
+        offset = round(low + share * (high - low))
+        work.append(functools.partial(act, task_id, due_ms, offset, kind == 0))
     _together(work)
     trial.settle()
     delivered = Counter(a.task_id for a in trial.receiver.received() if 200 <= a.status < 300)
