@@ -228,7 +228,7 @@ def claim_batch(
 def _finish(store: TaskStore, batch: BatchEvent, asked: BatchTask, outcome: Fired | Failed) -> bool:
     """Record the outcome on the task; a failure also goes to the dead-letter queue."""
     config = settings()
-    expires_at = asked.due_ms // 1000 + config.retention_days * 86_400
+    expires_at = config.expires_at(asked.due_ms)
     if isinstance(outcome, Fired):
         with table_errors(asked.task_id):
             return store.finish(

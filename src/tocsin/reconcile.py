@@ -84,7 +84,7 @@ def _settle(store: TaskStore, item: dict[str, Any], config: Settings, now_ms: in
         version,
         {
             "error": json.dumps(error),
-            "expires_at": int(item["due_ms"]) // 1000 + config.retention_days * 86_400,
+            "expires_at": config.expires_at(int(item["due_ms"])),
         },
     )
     if failed is None:

@@ -34,6 +34,10 @@ class Settings(BaseModel):
     webhook_allowed_hosts: frozenset[str] = Field(frozenset(), alias="WEBHOOK_ALLOWED_HOSTS")
     webhook_timeout_s: float = Field(10, alias="WEBHOOK_TIMEOUT_SECONDS", gt=0)
 
+    def expires_at(self, due_ms: int) -> int:
+        """When DynamoDB's TTL deletes a finished task due at `due_ms` (epoch seconds)."""
+        return due_ms // 1000 + self.retention_days * 86_400
+
     @field_validator("webhook_allowed_hosts", mode="before")
     @classmethod
     def _split_hosts(cls, value: object) -> object:
