@@ -6,7 +6,8 @@ from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from tocsin.api import app
-from tocsin.observability import logger, metrics, tracer
+from tocsin.observability import logger, metrics
+from tocsin.tracing import tracer
 
 
 @logger.inject_lambda_context(

@@ -6,8 +6,9 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from tocsin.finder import run_finder
-from tocsin.observability import logger, metrics, tracer
+from tocsin.observability import logger, metrics
 from tocsin.settings import settings
+from tocsin.tracing import tracer
 
 SAFETY_MARGIN_S = 5  # stop dispatching this long before the Lambda would time out
 

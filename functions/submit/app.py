@@ -6,7 +6,8 @@ from aws_lambda_powertools.utilities.batch import process_partial_response
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from tocsin.inbox import processor, submit_record
-from tocsin.observability import logger, metrics, tracer
+from tocsin.observability import logger, metrics
+from tocsin.tracing import tracer
 
 
 @logger.inject_lambda_context(clear_state=True)

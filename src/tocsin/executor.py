@@ -43,7 +43,7 @@ from tocsin.dead_letter import send_dead_letter
 from tocsin.errors import PermanentTargetError, TransientTargetError
 from tocsin.index_keys import check_index_keys
 from tocsin.model import DEFAULT_MAX_ATTEMPTS, ID_PATTERN, TaskStatus, TaskType, idempotency_key
-from tocsin.observability import logger, metrics, tracer
+from tocsin.observability import logger, metrics
 from tocsin.settings import settings
 from tocsin.store import TaskStore
 from tocsin.targets import TARGETS, Delivery, Target, parse_target
@@ -305,7 +305,6 @@ def executor_handler(task_type: TaskType) -> Callable[[dict[str, Any], LambdaCon
         aws.client(service)
 
     @logger.inject_lambda_context(clear_state=True)
-    @tracer.capture_lambda_handler(capture_response=False)
     @metrics.log_metrics
     def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, int]:
         idempotency_config.register_lambda_context(context)

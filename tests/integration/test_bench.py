@@ -108,3 +108,19 @@ def test_dense_packs_each_window_into_one_execution(capsys):
     assert "baseline" not in dense
     assert dense["executions"] <= 11  # 30 tasks over 10 s: a batch per second at most
     assert dense["transitions_per_task"] == round(2 * dense["executions"] / 30, 3)
+
+
+def test_cold_start_measures_every_function_beside_the_bare_handler(capsys):
+    """Each function of the template initialises from the layer as `sam build` makes it,
+    in a clean interpreter of the runtime's version; the bare handler is the yardstick."""
+    from tocsin.local import cold_start
+
+    try:
+        cold_start.runtime_python()
+    except RuntimeError as missing:
+        pytest.skip(str(missing))
+    results = cold_start.measure(rounds=1)
+    assert set(results) == {cold_start.BARE, *cold_start.function_folders()}
+    assert results[cold_start.BARE]["ratio"] == 1.0
+    assert all(figures["init_cpu_ms"] > 0 for figures in results.values())
+    assert {figures["python"][:4] for figures in results.values()} == {"3.13"}

@@ -92,12 +92,12 @@ def test_the_tasks_table_has_its_indexes_and_ttl(deployed):
     assert table["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
 
 
-def test_every_function_exists_on_python_311_with_the_layer(deployed):
+def test_every_function_exists_on_python_313_with_the_layer(deployed):
     _, physical = deployed
     lambda_ = boto3.client("lambda")
     for logical_id in FUNCTIONS:
         config = lambda_.get_function(FunctionName=physical[logical_id])["Configuration"]
-        assert config["Runtime"] == "python3.11" and config["Handler"] == "app.handler"
+        assert config["Runtime"] == "python3.13" and config["Handler"] == "app.handler"
         environment = config["Environment"]["Variables"]
         assert environment["TASKS_TABLE"] == physical["TasksTable"], logical_id
         assert environment["POWERTOOLS_METRICS_NAMESPACE"] == "Tocsin"

@@ -79,7 +79,7 @@ class Lambda:
             z.writestr("app.py", "def handler(e, c): return e\n")
         boto3.client("lambda").create_function(
             FunctionName="tocsin-sample-target",
-            Runtime="python3.11",
+            Runtime="python3.13",
             Role=role["Role"]["Arn"],
             Handler="app.handler",
             Code={"ZipFile": archive.getvalue()},

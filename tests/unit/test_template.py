@@ -97,3 +97,16 @@ def test_the_step_functions_local_mocks_name_real_task_states():
 
 def test_the_executor_backs_off_before_each_attempt_a_task_may_ask_for():
     assert len(BACKOFF_S) + 1 == MAX_ATTEMPTS_LIMIT
+
+
+def test_the_layer_is_built_for_the_runtime_and_cpu_the_functions_run_on():
+    makefile = (ROOT / "layers" / "tocsin" / "Makefile").read_text()
+    version = re.search(r"^RUNTIME_VERSION = (\S+)$", makefile, re.M).group(1)
+    wheels_for = re.search(r"^PLATFORM \?= manylinux2014_(\w+)$", makefile, re.M).group(1)
+    function = TEMPLATE["Globals"]["Function"]
+    layer = TEMPLATE["Resources"]["TocsinLayer"]
+    assert function["Runtime"] == f"python{version}" == "python3.13"
+    assert layer["Properties"]["CompatibleRuntimes"] == [function["Runtime"]]
+    assert function["Architectures"] == layer["Properties"]["CompatibleArchitectures"]
+    assert function["Architectures"] == [layer["Metadata"]["BuildArchitecture"]] == ["arm64"]
+    assert wheels_for == "aarch64"

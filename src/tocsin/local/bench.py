@@ -434,6 +434,15 @@ def throttled(bench: Bench) -> dict[str, Any]:
     }
 
 
+def cold_start(bench: Bench, rounds: int = 7) -> dict[str, Any]:
+    """Each function's init CPU beside a bare boto3 handler's (see tocsin.local.cold_start)."""
+    from tocsin.local import cold_start as init
+
+    inits = rounds * (1 + len(init.function_folders()))
+    task = bench.progress.add_task("cold start", total=inits)
+    return init.measure(rounds, lambda done: bench.progress.advance(task, done))
+
+
 SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "sparse": sparse,
     "spread": spread,
@@ -441,6 +450,7 @@ SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "burst": burst,
     "finder-scale": finder_scale,
     "throttled": throttled,
+    "cold-start": cold_start,
 }
 STRETCH = {  # by name only: not in "all"
     "burst-1000": lambda bench: burst(bench, 1000),
@@ -451,6 +461,7 @@ STRETCH = {  # by name only: not in "all"
 # -- the report ------------------------------------------------------------------------
 
 TIMED = ("sparse", "spread", "dense", "burst", "burst-1000", "burst-5000")
+RESULT_KEY = {"cold-start": "cold_start"}  # the scenarios whose results go by another name
 
 
 def run(names: list[str], scale: float, seed: int, cost: bool, console: Any) -> dict[str, Any]:
@@ -460,7 +471,7 @@ def run(names: list[str], scale: float, seed: int, cost: bool, console: Any) -> 
         overall = progress.add_task("scenarios", total=len(names))
         results = {}
         for name in names:
-            results[name] = {**SCENARIOS, **STRETCH}[name](bench)
+            results[RESULT_KEY.get(name, name)] = {**SCENARIOS, **STRETCH}[name](bench)
             progress.advance(overall)
     return results
 
@@ -478,7 +489,7 @@ def problems(results: dict[str, Any]) -> list[str]:
     return [
         f"{name}: {key} {figures[key]}"
         for name, figures in results.items()
-        for key in MUST_BE_ZERO[name]
+        for key in MUST_BE_ZERO.get(name, ())
         if figures[key]
     ]
 
@@ -534,6 +545,8 @@ def print_report(results: dict[str, Any], console: Any) -> None:
             for key, value in results[name].items():
                 table.add_row(key, str(value))
             console.print(table)
+    if "cold_start" in results:
+        _print_cold_start(results["cold_start"], console)
     costs = {name: r["cost"] for name, r in timed.items() if "cost" in r}
     for name, cost in costs.items():
         table = Table("unit", "per task", "$ per million tasks", title=f"cost model ({name})")
@@ -544,6 +557,22 @@ def print_report(results: dict[str, Any], console: Any) -> None:
             "EventBridge Scheduler (60 s precision)", "", f"{cost['scheduler_usd_per_million']:.2f}"
         )
         console.print(table)
+
+
+def _print_cold_start(figures: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    from tocsin.local.cold_start import BARE, executors_over
+
+    python = figures[BARE]["python"]
+    table = Table(
+        "function", "init CPU ms", f"÷ {BARE}", title=f"Cold start: init CPU on Python {python}"
+    )
+    for name, measured in figures.items():
+        table.add_row(name, str(measured["init_cpu_ms"]), str(measured["ratio"]))
+    console.print(table)
+    over = executors_over(figures)
+    console.print(f"executors over 2x the bare handler: {', '.join(over) if over else 'none'}")
 
 
 def _bins(*samples: list[int], count: int = 60) -> list[int]:

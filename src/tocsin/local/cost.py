@@ -3,9 +3,9 @@
 Usage is counted, not assumed: state transitions from each execution's history, Lambda
 invocations and their billed milliseconds (the gate's sleep included) from the runtime,
 DynamoDB requests from moto's handler, API requests from the API function's invocations.
-Prices are AWS list prices in us-east-1 (x86 Lambda, DynamoDB on demand, Step Functions
-Standard, HTTP API), checked 2026-11; each DynamoDB request is priced as one request
-unit, which holds for items up to 1 KB written and 4 KB read.
+Prices are AWS list prices in us-east-1 (Lambda at each function's architecture, DynamoDB
+on demand, Step Functions Standard, HTTP API), checked 2026-11; each DynamoDB request is
+priced as one request unit, which holds for items up to 1 KB written and 4 KB read.
 """
 
 from collections import Counter
@@ -13,10 +13,10 @@ from typing import Any
 
 from tocsin import aws
 
+GB_SECOND_PRICE = {"x86_64": 0.0000166667, "arm64": 0.0000133334}
 PRICE_PER_UNIT = {
     "state_transitions": 0.025 / 1000,
     "lambda_invocations": 0.20 / 1e6,
-    "lambda_gb_seconds": 0.0000166667,
     "dynamodb_writes": 0.625 / 1e6,
     "dynamodb_reads": 0.125 / 1e6,
     "api_requests": 1.00 / 1e6,
@@ -40,12 +40,15 @@ def billed_usage(
     runtime: Any, executions: list[Any], requests: Counter[str], tasks: int
 ) -> dict[str, float]:
     """Per task: each billed unit, and the dollars per million tasks it comes to."""
-    invocations = gb_seconds = 0.0
+    invocations = gb_seconds = gb_second_usd = 0.0
     for (logical_id, kind), value in runtime.usage.items():
         if kind == "invocations":
             invocations += value
         else:
-            gb_seconds += value / 1000 * runtime.functions[logical_id].memory_mb / 1024
+            function = runtime.functions[logical_id]
+            used = value / 1000 * function.memory_mb / 1024
+            gb_seconds += used
+            gb_second_usd += used * GB_SECOND_PRICE[function.architecture]
     totals = {
         "state_transitions": sum(transitions(e.execution_arn) for e in executions),
         "lambda_invocations": invocations,
@@ -55,7 +58,8 @@ def billed_usage(
         "api_requests": runtime.usage["ApiFunction", "invocations"],
     }
     per_task = {unit: value / tasks for unit, value in totals.items()}
-    per_million = {unit: per_task[unit] * PRICE_PER_UNIT[unit] * 1e6 for unit in per_task}
+    prices = PRICE_PER_UNIT | {"lambda_gb_seconds": gb_second_usd / max(gb_seconds, 1e-9)}
+    per_million = {unit: per_task[unit] * prices[unit] * 1e6 for unit in per_task}
     return {
         "per_task": {unit: round(value, 3) for unit, value in per_task.items()},
         "usd_per_million": {unit: round(value, 2) for unit, value in per_million.items()},

@@ -119,6 +119,7 @@ class LocalFunction:
     handler: Callable[[Any, Any], Any]
     timeout_s: float
     memory_mb: int
+    architecture: str = "x86_64"
 
 
 def _load_handler(code_dir: Path, handler: str, logical_id: str) -> Callable[[Any, Any], Any]:
@@ -406,8 +407,9 @@ class EmbeddedRuntime:
             handler = _load_handler(code_dir, properties["Handler"], logical_id)
             timeout = float(properties.get("Timeout", 3))
             memory = int(properties.get("MemorySize", 128))
+            (architecture,) = properties.get("Architectures", ["x86_64"])
             self.functions[logical_id] = LocalFunction(
-                logical_id, name, arn, handler, timeout, memory
+                logical_id, name, arn, handler, timeout, memory, architecture
             )
 
     def _create_state_machine(self, template: dict[str, Any], stack: Any) -> None:
