@@ -18,7 +18,7 @@ import json
 import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -124,19 +124,53 @@ def wake_ms(batch: Batch, settings: Settings) -> int:
 MAX_STAGGER_S = 12
 
 
+@dataclass
+class WakePlan:
+    """What the seconds before a window already hold: wakes, claims and environments."""
+
+    settings: Settings
+    wakes: Counter[int] = field(default_factory=Counter)
+    claims: Counter[int] = field(default_factory=Counter)
+    held: Counter[int] = field(default_factory=Counter)
+
+    def fits(self, second: int, batch: Batch) -> bool:
+        """Whether a wake of `batch` at `second` keeps every budget: Step Functions'
+        wakes, the table's writes (a claim per task; a batch alone may exceed them), and
+        Lambda environments, each held from its wake to its last gate."""
+        config = self.settings
+        claims = self.claims[second]
+        return (
+            self.wakes[second] < config.wakes_per_second
+            and (claims == 0 or claims + len(batch.tasks) <= config.claims_per_second)
+            and all(self.held[s] < config.concurrency_budget for s in _holding(second, batch))
+        )
+
+    def add(self, second: int, batch: Batch) -> None:
+        self.wakes[second] += 1
+        self.claims[second] += len(batch.tasks)
+        for held in _holding(second, batch):
+            self.held[held] += 1
+
+
+def _holding(wake_second: int, batch: Batch) -> range:
+    """The seconds an executor woken at `wake_second` holds its environment."""
+    return range(wake_second, batch.tasks[-1].due_ms // 1000 + 1)
+
+
 def staggers(batches: list[Batch], settings: Settings, now_ms: int) -> dict[Batch, int]:
     """Seconds each batch wakes before its own wake second, so that no second wakes more
-    than `wakes_per_second`: a crowded second overflows to the ones before it (never before
-    now, nor more than MAX_STAGGER_S early). Only the gates then release together."""
-    woken: Counter[int] = Counter()
+    executions than `wakes_per_second`, claims more tasks than the table's write rate, or
+    holds more environments than `concurrency_budget`: a crowded second overflows to the
+    latest one before it that has room (never before now, nor more than MAX_STAGGER_S
+    early). A batch that fits nowhere wakes at its own second, where it holds an
+    environment the shortest time. Only the gates then release together."""
+    plan = WakePlan(settings)
     stagger = {}
     for batch in sorted(batches):
         own = wake_ms(batch, settings) // 1000
-        second = own
         earliest = max(own - MAX_STAGGER_S, now_ms // 1000)
-        while woken[second] >= settings.wakes_per_second and second > earliest:
-            second -= 1
-        woken[second] += 1
+        second = next((s for s in range(own, earliest - 1, -1) if plan.fits(s, batch)), own)
+        plan.add(second, batch)
         stagger[batch] = own - second
     return stagger
 

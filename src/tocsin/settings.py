@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 # execution input, well inside Step Functions' 256 KB.
 BATCH_SIZE_LIMIT = 800
 MAX_PAYLOAD_BYTES = 200 * 1024  # a DynamoDB item is 400 KB; the payload never enters Step Functions
+NEW_TABLE_WRITES_PER_SECOND = 4000  # what a new on-demand table sustains before it scales
 
 
 class Settings(BaseModel):
@@ -22,6 +23,8 @@ class Settings(BaseModel):
     lead_ms: int = Field(2000, alias="LEAD_MS", ge=0)
     shards: int = Field(8, alias="SHARD_COUNT", ge=1, le=64)
     wakes_per_second: int = Field(300, alias="WAKES_PER_SECOND", ge=1)
+    concurrency_budget: int = Field(900, alias="CONCURRENCY_BUDGET", ge=1)
+    table_warm_writes_per_second: int = Field(0, alias="TABLE_WARM_WRITES_PER_SECOND", ge=0)
     batch_window_ms: int = Field(1000, alias="BATCH_WINDOW_MS", ge=1, le=10_000)
     batch_size: int = Field(500, alias="BATCH_SIZE", ge=1, le=BATCH_SIZE_LIMIT)
     retention_days: int = Field(30, alias="RETENTION_DAYS", ge=1)
@@ -33,6 +36,12 @@ class Settings(BaseModel):
     webhook_secret_arn: str = Field("", alias="WEBHOOK_SECRET_ARN")
     webhook_allowed_hosts: frozenset[str] = Field(frozenset(), alias="WEBHOOK_ALLOWED_HOSTS")
     webhook_timeout_s: float = Field(10, alias="WEBHOOK_TIMEOUT_SECONDS", gt=0)
+
+    @property
+    def claims_per_second(self) -> int:
+        """Tasks the executors may claim in one second: one write each on the Tasks table
+        (and one on the idempotency table), at the rate the tables are warmed for."""
+        return self.table_warm_writes_per_second or NEW_TABLE_WRITES_PER_SECOND
 
     def expires_at(self, due_ms: int) -> int:
         """When DynamoDB's TTL deletes a finished task due at `due_ms` (epoch seconds)."""

@@ -124,3 +124,13 @@ def test_cold_start_measures_every_function_beside_the_bare_handler(capsys):
     assert results[cold_start.BARE]["ratio"] == 1.0
     assert all(figures["init_cpu_ms"] > 0 for figures in results.values())
     assert {figures["python"][:4] for figures in results.values()} == {"3.13"}
+
+
+def test_aws_burst_dispatches_every_task_and_judges_the_plan_against_aws_quotas(capsys):
+    assert main(["bench", "--scenarios", "aws-burst", "--scale", "0.02", "--json"]) == 0
+    burst = last_json(capsys)["aws-burst"]
+    assert burst["tasks"] == burst["finder_found"] == 1000 and burst["not_started"] == 0
+    assert burst["batches"] == 2  # 500 a batch, one window
+    assert burst["transitions"] == 4
+    assert burst["all_woken_before_window"] and burst["all_claimed_before_window"]
+    assert burst["peak_concurrency"] == 2 and burst["peak_writes_per_second"] <= 1000

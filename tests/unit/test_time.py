@@ -4,7 +4,7 @@ from collections import Counter
 from datetime import UTC, datetime
 
 from tocsin import clock, gate
-from tocsin.dispatch import MAX_STAGGER_S, Batch, DueTask, execution_input, staggers
+from tocsin.dispatch import MAX_STAGGER_S, Batch, DueTask, execution_input, pack, staggers
 from tocsin.model import TaskType
 from tocsin.settings import Settings
 
@@ -58,3 +58,32 @@ def test_staggered_wakes_never_fall_before_now_nor_too_early():
     assert max(close.values()) == 2
     far = staggers(burst, config, now_ms=due - 600_000)
     assert max(far.values()) == MAX_STAGGER_S
+
+
+def test_a_burst_wakes_no_faster_than_the_table_can_take_its_claims():
+    config = Settings(LEAD_MS=2000, TABLE_WARM_WRITES_PER_SECOND=0)  # a new table: 4,000/s
+    due = 1_800_000_010_000
+    tasks = [DueTask(due + i % 1000, f"t{i}", 1, TaskType.WEBHOOK) for i in range(20_000)]
+    batches = pack(tasks, window_ms=1000, batch_size=500)
+    stagger = staggers(batches, config, now_ms=due - 60_000)
+    claims = Counter()
+    for batch in batches:
+        claims[stagger[batch]] += len(batch.tasks)
+    assert max(claims.values()) == config.claims_per_second == 4000
+    assert sorted(claims) == [0, 1, 2, 3, 4]  # 40 batches, 8 a second
+    warmed = Settings(LEAD_MS=2000, TABLE_WARM_WRITES_PER_SECOND=20_000)
+    assert set(staggers(batches, warmed, now_ms=due - 60_000).values()) == {0}
+
+
+def test_a_crowded_second_overflows_earlier_only_into_environments_to_spare():
+    """Each woken batch holds an environment until its last gate, so waking earlier holds
+    one longer: a batch overflows only while every second it would hold stays in budget,
+    and else wakes at its own second."""
+    due = 1_800_000_010_000
+    three = [Batch((DueTask(due, f"b{i}", 1, TaskType.WEBHOOK),)) for i in range(3)]
+    tight = Settings(LEAD_MS=2000, WAKES_PER_SECOND=1, CONCURRENCY_BUDGET=2)
+    stagger = staggers(three, tight, now_ms=due - 60_000)
+    assert [stagger[b] for b in three] == [0, 1, 0]  # the third would need a third one
+    roomy = Settings(LEAD_MS=2000, WAKES_PER_SECOND=1, CONCURRENCY_BUDGET=900)
+    stagger = staggers(three, roomy, now_ms=due - 60_000)
+    assert [stagger[b] for b in three] == [0, 1, 2]

@@ -434,6 +434,51 @@ def throttled(bench: Bench) -> dict[str, Any]:
     }
 
 
+def aws_burst(bench: Bench) -> dict[str, Any]:
+    """50,000 tasks due within one second, dispatched by the real finder with AWS's
+    defaults, against StartExecution's quota; what the executions would then need, judged
+    against AWS's other quotas (see tocsin.local.aws_burst). No execution runs."""
+    from tocsin.local.aws_burst import START_QUOTA, StartedBatch, judge
+
+    tasks = bench.size(50_000)
+    parameters = {"LookAheadSeconds": "180", "LeadMilliseconds": "2000", "WakesPerSecond": "300"}
+    with EmbeddedRuntime(parameters, finder_interval_s=None) as runtime:
+        config = settings()
+        # A minute after the finder's run, as a run a minute or more ahead finds a burst.
+        due_second = (clock.now_ms() + tasks * STORE_ALLOWANCE_MS) // 1000 + 60
+        due = sorted(due_second * 1000 + bench.rng.randrange(1000) for _ in range(tasks))
+        ids = _store_tasks(bench, "aws-burst", due)
+        due_of = dict(zip(ids, due, strict=True))
+        bar = bench.progress.add_task("aws-burst finder", total=None)
+        with recording_starts(StartRecorder(*START_QUOTA)) as recorder:
+            epoch = clock.now_ms() / 1000 - time.monotonic()  # monotonic -> epoch seconds
+            began = time.monotonic()
+            report = runtime.run_finder()
+            run_s = time.monotonic() - began
+        bench.progress.remove_task(bar)
+    members: dict[str, list[int]] = {}
+    for task_id, name in recorder.tasks.items():
+        members.setdefault(name, []).append(due_of[task_id])
+    started = [
+        StartedBatch(
+            started_s=recorder.starts[name] + epoch,
+            wake_s=clock.to_ms(datetime.fromisoformat(recorder.wakes[name])) / 1000,
+            first_due_s=min(dues) / 1000,
+            last_due_s=max(dues) / 1000,
+            tasks=len(dues),
+        )
+        for name, dues in members.items()
+    ]
+    figures = judge(started, config.concurrency_budget, config.claims_per_second)
+    return {
+        **figures,
+        "not_started": tasks - len(recorder.tasks),
+        "throttled_starts": recorder.throttled,
+        "finder_found": report["found"],
+        "finder_run_s": round(run_s, 2),
+    }
+
+
 def cold_start(bench: Bench, rounds: int = 7) -> dict[str, Any]:
     """Each function's init CPU beside a bare boto3 handler's (see tocsin.local.cold_start)."""
     from tocsin.local import cold_start as init
@@ -455,6 +500,7 @@ SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
 STRETCH = {  # by name only: not in "all"
     "burst-1000": lambda bench: burst(bench, 1000),
     "burst-5000": lambda bench: burst(bench, 5000),
+    "aws-burst": aws_burst,
 }
 
 
@@ -481,6 +527,7 @@ MUST_BE_ZERO = {
     **{name: ("early", "duplicates", "lost") for name in TIMED},
     "finder-scale": ("started_not_due", "due_not_started"),
     "throttled": ("not_started", "started_after_wake"),
+    "aws-burst": ("not_started",),
 }
 
 
@@ -539,7 +586,7 @@ def print_report(results: dict[str, Any], console: Any) -> None:
                 f"{name}: {compared}the embedded runtime's capacity is about {capacity:.0f} "
                 "tasks per CPU-second (its two processes together)"
             )
-    for name in ("finder-scale", "throttled"):
+    for name in ("finder-scale", "throttled", "aws-burst"):
         if name in results:
             table = Table("measure", "value", title=name)
             for key, value in results[name].items():
