@@ -72,7 +72,15 @@ def test_without_a_state_file_nothing_is_kept(tmp_path, receiver):
 def serve(state_file, port: int) -> subprocess.Popen:
     command = [sys.executable, "-m", "tocsin.cli", "serve", "--port", str(port)]
     command += ["--state", str(state_file)]
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    # Ctrl-C as a terminal delivers it: a shell that runs pytest in the background hands
+    # its children SIGINT ignored, and Python then never raises KeyboardInterrupt.
+    server = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     assert server.stdout is not None
     assert server.stdout.readline().startswith("Tocsin API on")
     return server
