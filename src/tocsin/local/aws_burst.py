@@ -103,13 +103,13 @@ def judge(
     # Writes on the Tasks table, first come first served: each task's mark when its batch
     # started, then its claim when the batch wakes.
     writes = sorted(
-        [(b.started_s, i) for i, b in enumerate(ordered) for _ in range(b.tasks)]
-        + [(woken[i], i) for i, b in enumerate(ordered) for _ in range(b.tasks)]
+        [(b.started_s, "mark", i) for i, b in enumerate(ordered) for _ in range(b.tasks)]
+        + [(woken[i], "claim", i) for i, b in enumerate(ordered) for _ in range(b.tasks)]
     )
-    written = through_bucket([at for at, _ in writes], writes_per_second, writes_per_second)
+    written = through_bucket([at for at, _, _ in writes], writes_per_second, writes_per_second)
     claimed_by: dict[int, float] = {}
-    for (asked, i), at in zip(writes, written, strict=True):
-        if asked == woken[i]:
+    for (_, kind, i), at in zip(writes, written, strict=True):
+        if kind == "claim":
             claimed_by[i] = max(claimed_by.get(i, 0.0), at)
     claim_margins = [b.first_due_s - claimed_by[i] for i, b in enumerate(ordered)]
     woken_in_time = [
