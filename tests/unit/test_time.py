@@ -87,3 +87,12 @@ def test_a_crowded_second_overflows_earlier_only_into_environments_to_spare():
     roomy = Settings(LEAD_MS=2000, WAKES_PER_SECOND=1, CONCURRENCY_BUDGET=900)
     stagger = staggers(three, roomy, now_ms=due - 60_000)
     assert [stagger[b] for b in three] == [0, 1, 2]
+
+
+def test_a_batch_wakes_earlier_by_the_preparation_of_each_task_beyond_its_first():
+    config = Settings(LEAD_MS=2000, PREPARE_MS_PER_TASK=10)
+    due = 1_800_000_010_000
+    alone = Batch((DueTask(due, "alone", 1, TaskType.WEBHOOK),))
+    full = Batch(tuple(DueTask(due + i, f"t{i}", 1, TaskType.WEBHOOK) for i in range(500)))
+    assert execution_input(alone, config)["wake_at"] == clock.to_iso_second(due - 2000)
+    assert execution_input(full, config)["wake_at"] == clock.to_iso_second(due - 2000 - 4990)
