@@ -36,6 +36,9 @@ def body(**changes):
         ({"target": {"url": "https://10.0.0.8/x"}}, "target.url"),
         ({"target": {"url": "https://169.254.169.254/latest"}}, "target.url"),
         ({"target": {"url": "https://localhost/x"}}, "target.url"),
+        ({"target": {"url": "https://[::127.0.0.1]/x"}}, "target.url"),
+        ({"target": {"url": "https://[2002:7f00:1::]/x"}}, "target.url"),
+        ({"target": {"url": "https://[64:ff9b::a9fe:a9fe]/latest"}}, "target.url"),
         ({"target": {"url": "https://a.example", "headers": {"Host": "x"}}}, "target.headers"),
         (
             {"type": "lambda", "target": {"function_arn": "arn:aws:lambda:nope"}},

@@ -25,6 +25,13 @@ from tocsin.targets.webhook import sign, verify
         "fe80::1",
         "::ffff:127.0.0.1",
         "ff02::1",
+        # IPv6 forms that carry an IPv4 address, judged by the address inside
+        "2002:7f00:1::",  # 6to4 of 127.0.0.1
+        "2002:a9fe:a9fe::1",  # 6to4 of 169.254.169.254
+        "64:ff9b::7f00:1",  # NAT64 of 127.0.0.1
+        "64:ff9b::a00:5",  # NAT64 of 10.0.0.5
+        "::127.0.0.1",  # IPv4-compatible
+        "::a9fe:a9fe",  # IPv4-compatible 169.254.169.254
     ],
 )
 def test_internal_addresses_are_refused(address, monkeypatch):
@@ -38,6 +45,22 @@ def test_public_address_is_the_one_connected_to(monkeypatch):
     answer = [(socket.AF_INET, 1, 6, "", ("93.184.216.34", 443))]
     monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: answer)
     assert address_guard.resolve("hooks.example.com", 443, allow_internal=False) == "93.184.216.34"
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "93.184.216.34",
+        "2606:2800:220:1:248:1893:25c8:1946",
+        "64:ff9b::5db8:d822",
+        "2002:5db8:d822::1",
+    ],
+)
+def test_public_addresses_are_allowed_in_every_form(address, monkeypatch):
+    """NAT64 and 6to4 of a public IPv4 address are public: IPv6-only networks reach it so."""
+    answer = [(socket.AF_INET6 if ":" in address else socket.AF_INET, 1, 6, "", (address, 443))]
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: answer)
+    assert address_guard.resolve("hooks.example.com", 443, allow_internal=False) == address
 
 
 def test_a_name_with_any_internal_answer_is_refused(monkeypatch):
