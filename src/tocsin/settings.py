@@ -30,6 +30,7 @@ class Settings(BaseModel):
     batch_size: int = Field(500, alias="BATCH_SIZE", ge=1, le=BATCH_SIZE_LIMIT)
     retention_days: int = Field(30, alias="RETENTION_DAYS", ge=1)
     horizon_days: int = Field(365, alias="HORIZON_DAYS", ge=1)
+    max_overdue_s: int = Field(300, alias="MAX_OVERDUE_SECONDS", ge=0)
     finder_budget_s: float = Field(45, alias="FINDER_BUDGET_SECONDS", gt=0)
     dispatch_workers: int = Field(16, alias="DISPATCH_WORKERS", ge=1)
     dead_letter_queue_url: str = Field("", alias="DEAD_LETTER_QUEUE_URL")

@@ -11,7 +11,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, ValidationError
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    field_validator,
+)
 
 from tocsin import clock
 from tocsin.dispatch import dispatch_if_due_soon
@@ -38,8 +46,18 @@ class Timing(BaseModel):
     due_at: AwareDatetime | None = None
     delay: timedelta | None = Field(default=None, ge=timedelta(0))
 
+    @field_validator("due_at", mode="before")
+    @classmethod
+    def _text_only(cls, value: object) -> object:
+        """A number is not a time: pydantic would read `12345` as epoch seconds, in 1970."""
+        if value is not None and not isinstance(value, str):
+            raise ValueError("must be an ISO-8601 string with a time zone")
+        return value
+
     def due_ms(self, base_ms: int, now_ms: int, config: Settings) -> int:
-        """The due time in epoch ms; raises InvalidTask if absent, doubled or beyond the horizon."""
+        """The due time in epoch ms; raises InvalidTask if absent, doubled, beyond the
+        horizon, or a `due_at` further in the past than a late fire can be meant (a
+        mistyped year). A delay from an event that arrives late still fires, late."""
         if (self.due_at is None) == (self.delay is None):
             raise InvalidTask("due_at: give exactly one of due_at and delay", field="due_at")
         if self.due_at is not None:
@@ -49,6 +67,10 @@ class Timing(BaseModel):
             due_ms, field = base_ms + self.delay // timedelta(milliseconds=1), "delay"
         if due_ms - now_ms > config.horizon_days * 86_400_000:
             raise InvalidTask(f"{field}: more than {config.horizon_days} days ahead", field=field)
+        if field == "due_at" and now_ms - due_ms > config.max_overdue_s * 1000:
+            raise InvalidTask(
+                f"{field}: more than {config.max_overdue_s} seconds in the past", field=field
+            )
         return due_ms
 
 

@@ -147,6 +147,8 @@ BAD_REQUESTS = [
     ("POST", "/tasks", sns_task() | {"due_at": "2027-01-15T10:00:00"}, "due_at"),
     ("POST", "/tasks", sns_task() | {"due_at": "next tuesday"}, "due_at"),
     ("POST", "/tasks", sns_task() | {"due_at": "2036-01-01T00:00:00Z"}, "due_at"),
+    ("POST", "/tasks", sns_task() | {"due_at": 12345}, "due_at"),
+    ("POST", "/tasks", sns_task(due_in_ms=-2 * 365 * 86_400_000), "due_at"),
     ("POST", "/tasks", sns_task(due_at=None), "due_at"),
     ("POST", "/tasks", sns_task() | {"delay": 60}, "due_at"),
     ("POST", "/tasks", sns_task(due_at=None) | {"delay": -5}, "delay"),
@@ -184,6 +186,7 @@ BAD_REQUESTS = [
     ("PATCH", "/tasks/t-1", {}, "body"),
     ("PATCH", "/tasks/t-1", {"type": "sqs"}, "type"),
     ("PATCH", "/tasks/t-1", {"due_at": "2027-01-15T10:00:00"}, "due_at"),
+    ("PATCH", "/tasks/t-1", {"due_at": 1_800_000_000}, "due_at"),
 ]
 
 
@@ -195,6 +198,15 @@ def test_bad_requests_get_a_4xx_naming_the_field_and_write_nothing(
     assert 400 <= status < 500, error
     assert error["error"]["field"] == field and error["error"]["message"]
     assert all_items() == []
+
+
+def test_a_reschedule_to_long_ago_is_refused_and_changes_nothing(runtime):
+    assert call(runtime, "POST", "/tasks", sns_task())[0] == 201
+    before = all_items()
+    status, error = call(runtime, "PATCH", "/tasks/t-1", {"due_at": "2025-01-15T10:00:00Z"})
+    assert status == 400 and error["error"]["field"] == "due_at"
+    assert "in the past" in error["error"]["message"]
+    assert all_items() == before
 
 
 bodies = st.recursive(

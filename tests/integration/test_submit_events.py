@@ -82,6 +82,35 @@ def test_messages_sent_to_the_queue_are_scheduled(runtime):
     assert message["MessageAttributes"]["error_field"]["StringValue"] == "body"
 
 
+def test_queue_and_events_refuse_a_numeric_or_long_past_due_at_and_park_it(runtime):
+    bad = {
+        "epoch-number": submission("epoch-number", delay=None, due_at=1_800_000_000),
+        "year-typo": submission("year-typo", delay=None, due_at="2025-11-25T09:00:00Z"),
+    }
+    sqs = boto3.client("sqs")
+    sqs.send_message(
+        QueueUrl=runtime.outputs["SubmitQueueUrl"], MessageBody=json.dumps(bad["epoch-number"])
+    )
+    boto3.client("events").put_events(
+        Entries=[
+            {
+                "Source": "com.example.billing",
+                "DetailType": "tocsin.submit",
+                "Detail": json.dumps(bad["year-typo"]),
+            }
+        ]
+    )
+    while runtime.poll_queues():
+        pass
+    bodies = [(json.loads(m["Body"]), m) for m in parked(runtime)]
+    refused = {body.get("detail", body)["id"]: m for body, m in bodies}  # an event, or a task
+    assert set(refused) == set(bad)
+    for message in refused.values():
+        assert message["MessageAttributes"]["error_field"]["StringValue"] == "due_at"
+    table = boto3.resource("dynamodb").Table(runtime.tasks_table)
+    assert all("Item" not in table.get_item(Key={"task_id": task_id}) for task_id in bad)
+
+
 def test_events_with_detail_type_tocsin_submit_are_scheduled(runtime):
     boto3.client("events").put_events(
         Entries=[

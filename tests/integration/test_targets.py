@@ -51,7 +51,8 @@ def store_sample_task(task_type: str, target: dict, payload=SAMPLE_PAYLOAD) -> d
         "payload": payload,
     }
     config = settings()
-    TaskStore(config.tasks_table).create(new_item(body, "sample", clock.now_ms(), config))
+    # submitted back then: a due_at that old is refused now
+    TaskStore(config.tasks_table).create(new_item(body, "sample", named["due_ms"], config))
     return named
 
 

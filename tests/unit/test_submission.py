@@ -29,6 +29,9 @@ def body(**changes):
         ({"due_at": "2027-01-15T10:00:00"}, "due_at"),
         ({"due_at": "tomorrow"}, "due_at"),
         ({"due_at": "2031-01-01T00:00:00Z"}, "due_at"),
+        ({"due_at": 12345}, "due_at"),  # not epoch seconds in 1970
+        ({"due_at": 1_800_000_000.25}, "due_at"),
+        ({"due_at": "2026-01-15T08:00:00.250Z"}, "due_at"),  # a year early: a typo
         ({"type": "carrier-pigeon"}, "type"),
         ({"extra": 1}, "extra"),
         ({"target": {"url": "ftp://example.com/x"}}, "target.url"),
@@ -75,3 +78,20 @@ def test_generated_ids_are_unique_and_valid():
     first = new_item(body(id=None), "alice", NOW, CONFIG)["task_id"]
     second = new_item(body(id=None), "alice", NOW, CONFIG)["task_id"]
     assert first != second and len(first) == 32
+
+
+def test_a_due_at_slightly_past_fires_at_once_one_long_past_is_refused():
+    config = Settings(MAX_OVERDUE_SECONDS=300)
+    recent = new_item(body(due_at="2027-01-15T07:55:00.250Z"), "alice", NOW, config)
+    assert recent["due_ms"] == NOW - 299_750  # kept: it fires at once, marked late
+    with pytest.raises(InvalidTask, match="more than 300 seconds in the past") as refused:
+        new_item(body(due_at="2027-01-15T07:54:59.250Z"), "alice", NOW, config)
+    assert refused.value.field == "due_at"
+
+
+def test_a_delay_from_a_late_event_still_fires():
+    """An EventBridge event delivered a day late with `delay` P1D is due now, not refused."""
+    item = new_item(
+        body(due_at=None, delay="PT1H"), "events", NOW, CONFIG, base_ms=NOW - 86_400_000
+    )
+    assert item["due_ms"] == NOW - 86_400_000 + 3_600_000
