@@ -21,7 +21,11 @@ from moto import mock_aws
 from tocsin.local.runtime import PROCESS_ENVIRONMENT, STACK_NAME, create_stack, translate
 
 BUILT = Path(__file__).parents[2] / ".aws-sam" / "build" / "template.yaml"
-PARAMETERS = {"AlarmEmail": "oncall@example.com"}
+TARGET_KEYS = [
+    "arn:aws:kms:us-east-1:123456789012:key/1111aaaa-1111-4111-8111-111111111111",
+    "arn:aws:kms:us-east-1:123456789012:key/2222bbbb-2222-4222-8222-222222222222",
+]
+PARAMETERS = {"AlarmEmail": "oncall@example.com", "TargetKmsKeyArns": ",".join(TARGET_KEYS)}
 NOT_IN_MOTO = {
     "AWS::ApiGatewayV2::Api": "moto has no CloudFormation support for API Gateway v2",
     "AWS::ApiGatewayV2::Stage": "moto has no CloudFormation support for API Gateway v2",
@@ -243,3 +247,32 @@ def test_each_executor_may_reach_only_its_own_kind_of_target(deployed):
         a for s in _statements(resources["TaskStateMachineRole"]) for a in _as_list(s["Action"])
     }
     assert {a.split(":")[0] for a in machine} == {"lambda", "sqs"}  # the claim is the executor's
+
+
+def test_target_keys_are_usable_by_the_executors_that_send_to_encrypted_targets_only(deployed):
+    template, physical = deployed
+    resources = template["Resources"]
+    [grant] = _statements(resources["TargetKeysPolicy"])
+    assert sorted(grant["Action"]) == ["kms:Decrypt", "kms:GenerateDataKey"]
+    assert grant["Resource"] == {"Ref": "TargetKmsKeyArns"}
+    only_with_keys = {
+        "Fn::If": ["HasTargetKmsKeys", {"Ref": "TargetKeysPolicy"}, {"Ref": "AWS::NoValue"}]
+    }
+    for function in FUNCTIONS:  # moto does not attach managed policies: read the template
+        managed = resources[f"{function}Role"]["Properties"].get("ManagedPolicyArns", [])
+        assert (only_with_keys in managed) == (function in SENDERS_TO_ENCRYPTED_TARGETS), function
+    iam = boto3.client("iam")
+    document = iam.get_policy_version(
+        PolicyArn=physical["TargetKeysPolicy"],
+        VersionId=iam.get_policy(PolicyArn=physical["TargetKeysPolicy"])["Policy"][
+            "DefaultVersionId"
+        ],
+    )["PolicyVersion"]["Document"]
+    assert document["Statement"][0]["Resource"] == TARGET_KEYS  # those keys, none other
+
+
+SENDERS_TO_ENCRYPTED_TARGETS = {
+    "SqsExecutorFunction",
+    "SnsExecutorFunction",
+    "EventBridgeExecutorFunction",
+}
