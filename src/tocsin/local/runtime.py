@@ -119,7 +119,7 @@ class LocalFunction:
     handler: Callable[[Any, Any], Any]
     timeout_s: float
     memory_mb: int
-    architecture: str = "x86_64"
+    architecture: str
 
 
 def _load_handler(code_dir: Path, handler: str, logical_id: str) -> Callable[[Any, Any], Any]:
