@@ -2,6 +2,7 @@
 
 import contextlib
 import json
+import re
 from enum import StrEnum
 from typing import Any
 
@@ -31,13 +32,26 @@ class TaskType(StrEnum):
     EMAIL = "email"
 
 
-def owner_id(principal_id: str) -> str:
-    """The owner a caller's tasks belong to: its IAM unique id, without a role session name.
+# A role session's unique id (`AROA…:session`) and, as a local principal, its ARN.
+_ROLE_SESSION_ID = re.compile(r"^(AROA[A-Z0-9]+):.+$")
+_ROLE_SESSION_ARN = re.compile(r"^arn:([\w-]+):sts::(\d{12}):assumed-role/([^/]+)/.+$")
 
-    API Gateway's IAM authorizer (`userId`) and SQS (`SenderId`) report the same id, so a role
-    sees the tasks it submitted either way, from any of its sessions.
+
+def owner_id(principal_id: str) -> str:
+    """The owner a caller's tasks belong to, from the kind of principal it is.
+
+    A role's sessions share their role's tasks: the unique id `AROA…:session` (what API
+    Gateway's IAM authorizer reports as `userId` and SQS as `SenderId`) keeps the role id,
+    and an assumed-role ARN (a local principal) becomes the role's ARN. Every other id is
+    one principal and is kept whole: an IAM user (`AIDA…`), the root (the account id), a
+    federated user (`<account>:<name>`, one owner per name), any other local name.
     """
-    return principal_id.split(":", 1)[0]
+    if session := _ROLE_SESSION_ID.match(principal_id):
+        return session[1]
+    if session := _ROLE_SESSION_ARN.match(principal_id):
+        partition, account, role = session.groups()
+        return f"arn:{partition}:iam::{account}:role/{role}"
+    return principal_id
 
 
 def idempotency_key(task_id: str, version: int) -> str:

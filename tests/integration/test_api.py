@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from tests.conftest import wait_for_status, webhook_task
 from tocsin import clock
 from tocsin.local.server import api_event
+from tocsin.model import owner_id
 from tocsin.settings import MAX_PAYLOAD_BYTES, settings
 
 EVENTS = Path(__file__).parents[2] / "events"
@@ -80,20 +81,63 @@ def test_submit_with_a_delay_generates_an_id_and_counts_from_now(runtime):
     assert before + 2 * HOUR_MS <= due_ms <= after + 2 * HOUR_MS
 
 
-def test_another_principal_cannot_see_or_change_a_task(runtime):
-    call(runtime, "POST", "/tasks", sns_task())
-    _, original = call(runtime, "GET", "/tasks/t-1")
-    for method, body in (("GET", None), ("DELETE", None), ("PATCH", {"delay": 60})):
-        status, error = call(runtime, method, "/tasks/t-1", body, principal="bob")
+OTHER_PRINCIPALS = [
+    ("alice", "bob"),
+    ("AIDAALICE", "AIDABOB"),
+    ("AROADEPLOYER:alice", "AROAAUDITOR:alice"),
+    ("123456789012:alice", "123456789012:bob"),  # federated users of one account
+    ("arn:aws:iam::123456789012:user/alice", "arn:aws:iam::123456789012:user/bob"),
+]
+
+
+@pytest.mark.parametrize(("owner", "other"), OTHER_PRINCIPALS)
+def test_another_principal_can_neither_see_nor_change_a_task_on_any_route(runtime, owner, other):
+    for i in range(3):
+        call(runtime, "POST", "/tasks", sns_task(f"t-{i}", due_in_ms=HOUR_MS * (i + 1)), owner)
+    originals = [call(runtime, "GET", f"/tasks/t-{i}", principal=owner)[1] for i in range(3)]
+    _, first_page = call(runtime, "GET", "/tasks?limit=1", principal=owner)
+    assert first_page["next"]  # the owner has more pages: the token below is a real one
+
+    after, before = clock.to_iso(clock.now_ms()), clock.to_iso(clock.now_ms() + 9 * HOUR_MS)
+    listings = [
+        "/tasks",
+        "/tasks?status=PENDING",
+        "/tasks?limit=1",
+        f"/tasks?due_after={after}&due_before={before}&status=PENDING&limit=100",
+    ]
+    for listing in listings:
+        reply = call(runtime, "GET", listing.replace("+", "%2B"), principal=other)
+        assert reply == (200, {"tasks": [], "next": None})
+    status, error = call(runtime, "GET", f"/tasks?next={first_page['next']}", principal=other)
+    assert status == 400 and error["error"]["field"] == "next"
+    changes = ("GET", None), ("DELETE", None), ("PATCH", {"delay": 60}), ("PATCH", {"payload": 1})
+    for method, body in changes:
+        status, error = call(runtime, method, "/tasks/t-0", body, principal=other)
         assert status == 404 and error["error"]["code"] == "not_found"
-    assert call(runtime, "GET", "/tasks", principal="bob") == (200, {"tasks": [], "next": None})
-    assert call(runtime, "GET", "/tasks/t-1") == (200, original)
+    status, error = call(runtime, "POST", "/tasks", sns_task("t-0"), other)  # the same body
+    assert status == 409 and "payload" not in json.dumps(error)
+
+    assert [
+        call(runtime, "GET", f"/tasks/t-{i}", principal=owner)[1] for i in range(3)
+    ] == originals
+    assert {item["owner"] for item in all_items()} == {owner_id(owner)}  # bob wrote nothing
 
 
-def test_a_role_sees_its_tasks_from_every_session(runtime):
-    call(runtime, "POST", "/tasks", sns_task(), principal="AROAROLE:session-1")
-    status, task = call(runtime, "GET", "/tasks/t-1", principal="AROAROLE:session-2")
+@pytest.mark.parametrize(
+    ("session", "another"),
+    [
+        ("AROAROLE:session-1", "AROAROLE:session-2"),
+        (
+            "arn:aws:sts::123456789012:assumed-role/Deployer/session-1",
+            "arn:aws:sts::123456789012:assumed-role/Deployer/session-2",
+        ),
+    ],
+)
+def test_a_role_sees_its_tasks_from_every_session(runtime, session, another):
+    call(runtime, "POST", "/tasks", sns_task(), principal=session)
+    status, task = call(runtime, "GET", "/tasks/t-1", principal=another)
     assert status == 200 and task["id"] == "t-1"
+    assert call(runtime, "DELETE", "/tasks/t-1", principal=another)[0] == 200
 
 
 def test_a_request_without_an_iam_identity_is_refused(runtime):

@@ -9,6 +9,7 @@ from botocore.exceptions import EndpointConnectionError
 from tests.conftest import stored
 from tocsin import aws, clock
 from tocsin.local.runtime import ACCOUNT_ID
+from tocsin.local.server import api_event
 
 EVENTS = Path(__file__).parents[2] / "events"
 DAY_MS = 86_400_000
@@ -185,3 +186,30 @@ def test_a_mixed_batch_reports_exactly_the_message_that_may_pass_later(runtime):
     [message] = parked(runtime)
     assert json.loads(message["Body"])["id"] == "mixed-refused"
     assert message["MessageAttributes"]["error_field"]["StringValue"] == "type"
+
+
+def test_a_queued_task_belongs_to_the_sender_the_api_knows(runtime):
+    """SQS's SenderId and API Gateway's userId name a principal the same way: a role's
+    sessions share its tasks, each federated user of an account has its own."""
+    [template, _] = json.loads((EVENTS / "submit_sqs.json").read_text())["Records"]
+    senders = {"fed-alice": "123456789012:alice", "role-ci": "AROAROLE:ci-run-1"}
+    records = [
+        {
+            **template,
+            "messageId": task_id,
+            "body": json.dumps(submission(task_id)),
+            "attributes": {**template["attributes"], "SenderId": sender},
+        }
+        for task_id, sender in senders.items()
+    ]
+    assert runtime.invoke("SubmitFunction", {"Records": records}) == {"batchItemFailures": []}
+
+    def get(task_id: str, principal: str) -> int:
+        return runtime.invoke(
+            "ApiFunction", api_event("GET", f"/tasks/{task_id}", None, principal)
+        )["statusCode"]
+
+    assert get("fed-alice", "123456789012:alice") == 200
+    assert get("fed-alice", "123456789012:bob") == 404
+    assert get("role-ci", "AROAROLE:console-session") == 200
+    assert get("role-ci", "AROAOTHERROLE:ci-run-1") == 404

@@ -24,9 +24,45 @@ def test_absolute_times_need_a_zone():
             when(text)
 
 
-def test_a_role_is_one_owner_across_its_sessions():
-    assert owner_id("AROAEXAMPLE:session-1") == owner_id("AROAEXAMPLE:i-0abc") == "AROAEXAMPLE"
-    assert owner_id("AIDAUSER") == "AIDAUSER"
+ACCOUNT = "123456789012"
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("AROAEXAMPLE:session-1", "AROAEXAMPLE:i-0abc"),  # one role, two sessions
+        (
+            f"arn:aws:sts::{ACCOUNT}:assumed-role/Deployer/session-1",
+            f"arn:aws:sts::{ACCOUNT}:assumed-role/Deployer/ci",
+        ),
+    ],
+)
+def test_a_role_is_one_owner_across_its_sessions(first, second):
+    assert owner_id(first) == owner_id(second)
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("AIDAALICE", "AIDABOB"),  # IAM users
+        ("AROAEXAMPLE:session-1", "AROAOTHER:session-1"),  # two roles, same session name
+        (f"{ACCOUNT}:alice", f"{ACCOUNT}:bob"),  # federated users (GetFederationToken)
+        (f"{ACCOUNT}:alice", "210987654321:alice"),  # same name, two accounts
+        (f"{ACCOUNT}:alice", ACCOUNT),  # a federated user and its account's root
+        (f"arn:aws:iam::{ACCOUNT}:user/alice", f"arn:aws:iam::{ACCOUNT}:user/bob"),
+        (
+            f"arn:aws:sts::{ACCOUNT}:assumed-role/Deployer/s",
+            f"arn:aws:sts::{ACCOUNT}:assumed-role/Auditor/s",
+        ),
+        (
+            f"arn:aws:sts::{ACCOUNT}:federated-user/alice",
+            f"arn:aws:sts::{ACCOUNT}:federated-user/bob",
+        ),
+        ("alice", "bob"),
+    ],
+)
+def test_two_principals_are_two_owners(first, second):
+    assert owner_id(first) != owner_id(second)
 
 
 def test_page_tokens_round_trip_for_their_owner_only():
