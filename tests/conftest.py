@@ -1,8 +1,13 @@
 """Fixtures: the embedded runtime (the real template, ASL and handlers on moto) and a receiver."""
 
 import json
+import signal
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -15,10 +20,14 @@ from tocsin.settings import settings
 from tocsin.store import TaskStore
 from tocsin.submit import new_item
 
+# The tests' receivers listen on loopback, each on a port of its own: allow the host, as an
+# operator would with WebhookAllowedHosts (nothing internal is allowed by default).
+LOOPBACK_ALLOWED = {"WebhookAllowedHosts": "127.0.0.1"}
+
 
 @pytest.fixture
 def runtime() -> Iterator[EmbeddedRuntime]:
-    with EmbeddedRuntime(finder_interval_s=None) as running:
+    with EmbeddedRuntime(LOOPBACK_ALLOWED, finder_interval_s=None) as running:
         yield running
 
 
@@ -82,3 +91,30 @@ def batch_event(task_id: str, execution: str = "arn:aws:states:::execution:m:one
         "task_type": "webhook",
         "tasks": [{"task_id": task_id, "version": 1, "due_ms": due_ms}],
     }
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def serve(*arguments: str) -> subprocess.Popen:
+    """`tocsin serve` with these arguments, in a process of its own, once it listens."""
+    # Ctrl-C as a terminal delivers it: a shell that runs pytest in the background hands
+    # its children SIGINT ignored, and Python then never raises KeyboardInterrupt.
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tocsin.cli", "serve", *arguments],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parents[1],
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert server.stdout is not None
+    assert server.stdout.readline().startswith("Tocsin API on")
+    return server
+
+
+def stop(server: subprocess.Popen) -> None:
+    server.send_signal(signal.SIGINT)
+    assert server.wait(timeout=60) == 0

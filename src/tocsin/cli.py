@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 RELATIVE = re.compile(r"^\+(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
+HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*")
 SECONDS_PER_UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -74,6 +75,8 @@ def _serve(args: argparse.Namespace) -> int:
     # A failed task shows as FAILED, with its error, in the API: not as moto's traceback.
     logging.getLogger("moto.stepfunctions").setLevel(logging.CRITICAL)
     parameters = {"LookAheadSeconds": str(args.lookahead)}
+    if args.allow_host:
+        parameters["WebhookAllowedHosts"] = ",".join(args.allow_host)
     runtime = EmbeddedRuntime(
         parameters, finder_interval_s=args.finder_interval, state_file=args.state
     )
@@ -88,12 +91,31 @@ def _serve(args: argparse.Namespace) -> int:
         if args.state:
             requeued = len(runtime.requeued)
             print(f"  state in {args.state}, saved at the stop ({requeued} tasks requeued)")
+        allowed = ", ".join(args.allow_host or []) or "none"
+        print(f"  webhooks to internal addresses allowed for: {allowed} (--allow-host)")
         print(f"  export TOCSIN_URL={url}", flush=True)
         try:
             threading.Event().wait()
         except KeyboardInterrupt:
             print("stopping")
     return 0
+
+
+def allowed_host(text: str) -> str:
+    """`--allow-host`: a host name or address, with an optional port, in the form
+    WebhookAllowedHosts takes (an IPv6 address goes without a port)."""
+    host, colon, port = text.lower().rpartition(":")
+    if not colon or ":" in host:  # no port, or an IPv6 address
+        host, port = text.lower(), ""
+    from tocsin.targets.address_guard import literal_address
+
+    address = literal_address(host)
+    host = str(address) if address else host
+    if not (address or HOST_NAME.fullmatch(host)) or (
+        port and not (port.isdigit() and 0 < int(port) < 65536)
+    ):
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST or HOST:PORT")
+    return f"{host}:{port}" if port else host
 
 
 def when(text: str) -> dict[str, Any]:
@@ -294,6 +316,13 @@ def parser() -> argparse.ArgumentParser:
         "--state",
         type=Path,
         help="keep tasks across restarts in this file (restored at start, saved at stop)",
+    )
+    serve.add_argument(
+        "--allow-host",
+        action="append",
+        type=allowed_host,
+        metavar="HOST[:PORT]",
+        help="let webhooks reach this internal host (any port, or only PORT); repeatable",
     )
     serve.set_defaults(run=_serve)
 

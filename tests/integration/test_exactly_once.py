@@ -11,6 +11,7 @@ import pytest
 from botocore.exceptions import EndpointConnectionError
 
 from tests.conftest import (
+    LOOPBACK_ALLOWED,
     batch_event,
     dead_letters,
     store_pending,
@@ -246,7 +247,7 @@ def test_crowded_seconds_wake_staggered_and_still_fire_once_on_time(receiver):
     """Forty tasks due within 1.5 s in batches of two: the finder spreads the batches' wakes
     over the seconds before (the local runtime wakes at most 15 a second), so only the
     gates meet at due."""
-    with EmbeddedRuntime({"BatchSize": "2"}, finder_interval_s=None) as runtime:
+    with EmbeddedRuntime({"BatchSize": "2", **LOOPBACK_ALLOWED}, None) as runtime:
         ids = store_pending(receiver.url, 40, 16_000, "crowd")  # 37 ms apart: within 1.5 s
         runtime.run_finder()
         sfn = boto3.client("stepfunctions")

@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import boto3
 import pytest
 
-from tests.conftest import stored, wait_for_status, webhook_task
+from tests.conftest import LOOPBACK_ALLOWED, stored, wait_for_status, webhook_task
 from tocsin import clock
 from tocsin.errors import TaskConflict
 from tocsin.settings import settings
@@ -47,7 +47,8 @@ def test_task_due_inside_look_ahead_is_started_at_submit(runtime, receiver):
 def test_task_due_beyond_look_ahead_is_started_by_the_finder(receiver):
     from tocsin.local.runtime import EmbeddedRuntime
 
-    with EmbeddedRuntime(parameters={"LookAheadSeconds": "5"}, finder_interval_s=None) as rt:
+    parameters = {"LookAheadSeconds": "5", **LOOPBACK_ALLOWED}
+    with EmbeddedRuntime(parameters, finder_interval_s=None) as rt:
         due = clock.now_ms() + 7000
         submitted = submit_task(webhook_task(receiver.url, due, "later"), owner="alice")
         assert submitted.task["status"] == "PENDING"

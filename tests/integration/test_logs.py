@@ -1,4 +1,5 @@
-"""Logs carry task ids and outcomes, never payloads, targets' secrets or the signing key.
+"""Logs, stored errors and dead letters carry task ids and outcomes, never payloads,
+targets' secrets or the signing key.
 
 The handlers run in a child process, so their log lines reach its stdout untouched.
 """
@@ -14,15 +15,18 @@ HEADER_MARK = "Bearer-token-do-not-log"
 SCRIPT = """
 import json, os, sys
 import boto3
-from tests.conftest import wait_for_status, webhook_task
+from tests.conftest import dead_letters, wait_for_status, webhook_task
 from tocsin import clock
-from tocsin.local.receiver import WebhookReceiver
+from tocsin.local.receiver import WebhookReceiver, allowing
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.local.server import api_event
 from tocsin.settings import settings
 
 level, payload_mark, header_mark = sys.argv[1:4]
-with WebhookReceiver() as receiver, EmbeddedRuntime({"LogLevel": level}, None) as runtime:
+with (
+    WebhookReceiver() as receiver,
+    EmbeddedRuntime({"LogLevel": level, **allowing(receiver.url)}, None) as runtime,
+):
     os.environ["POWERTOOLS_METRICS_DISABLED"] = "false"  # print them (EMF) like on AWS
     runtime.run_finder()
     task = webhook_task(receiver.url, clock.now_ms() + 1500, "logged", {"card": payload_mark})
@@ -33,6 +37,13 @@ with WebhookReceiver() as receiver, EmbeddedRuntime({"LogLevel": level}, None) a
     refused = dict(task, id="refused", type="pigeon")
     reply = runtime.invoke("ApiFunction", api_event("POST", "/tasks", json.dumps(refused)))
     assert reply["statusCode"] == 400, reply
+    receiver.status_for["/refuse"] = 403
+    failing = dict(task, id="failing", max_attempts=1)
+    failing["target"] = {"url": receiver.url + "/refuse", "headers": {"Authorization": header_mark}}
+    reply = runtime.invoke("ApiFunction", api_event("POST", "/tasks", json.dumps(failing)))
+    assert reply["statusCode"] == 201, reply
+    print("STORED_ERROR=" + wait_for_status("failing", {"FAILED"})["error"], file=sys.stderr)
+    print("DEAD_LETTERS=" + json.dumps(dead_letters(runtime)), file=sys.stderr)
     secret = boto3.client("secretsmanager").get_secret_value(
         SecretId=settings().webhook_secret_arn
     )["SecretString"]
@@ -41,7 +52,7 @@ with WebhookReceiver() as receiver, EmbeddedRuntime({"LogLevel": level}, None) a
 
 
 @pytest.mark.parametrize("level", ["INFO", "DEBUG"])
-def test_a_fired_task_logs_its_id_but_not_its_payload_or_secrets(level):
+def test_fired_and_failed_tasks_record_ids_but_not_payloads_or_secrets(level):
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT, level, PAYLOAD_MARK, HEADER_MARK],
         capture_output=True, text=True, timeout=120, check=False,
@@ -59,6 +70,9 @@ def test_a_fired_task_logs_its_id_but_not_its_payload_or_secrets(level):
     }
     assert namespaces == {"Tocsin"} and {e["service"] for e in metrics} == {"tocsin"}
     assert {"Fired", "LatenessMs", "found", "started", "throttled", "backlog"} <= names
+    failed = done.stderr.split("STORED_ERROR=", 1)[1]
+    assert "403" in failed.split("DEAD_LETTERS=")[0]  # the failure and its letter are there
+    assert '"task_id": "failing"' in failed.split("DEAD_LETTERS=")[1]
     everything = done.stdout + done.stderr.rsplit("SECRET=", 1)[0]
     assert PAYLOAD_MARK not in everything
     assert HEADER_MARK not in everything

@@ -1,17 +1,20 @@
 """The embedded runtime stopped mid-run and started again on its saved state."""
 
 import json
-import signal
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import boto3
 import pytest
 
-from tests.conftest import stored, wait_for_status, webhook_task
+from tests.conftest import (
+    LOOPBACK_ALLOWED,
+    free_port,
+    serve,
+    stop,
+    stored,
+    wait_for_status,
+    webhook_task,
+)
 from tocsin import Client, clock
 from tocsin.cli import main
 from tocsin.local.runtime import LOCAL_PARAMETERS, EmbeddedRuntime
@@ -19,8 +22,7 @@ from tocsin.settings import settings
 from tocsin.submit import submit_task
 
 LEAD_MS = int(LOCAL_PARAMETERS["LeadMilliseconds"])
-LOOK_AHEAD = {"LookAheadSeconds": str((LEAD_MS + 9000) // 1000)}
-ROOT = Path(__file__).parents[2]
+LOOK_AHEAD = {"LookAheadSeconds": str((LEAD_MS + 9000) // 1000), **LOOPBACK_ALLOWED}
 
 
 def secret() -> str:
@@ -69,49 +71,21 @@ def test_without_a_state_file_nothing_is_kept(tmp_path, receiver):
         assert table.scan()["Items"] == []
 
 
-def serve(state_file, port: int) -> subprocess.Popen:
-    command = [sys.executable, "-m", "tocsin.cli", "serve", "--port", str(port)]
-    command += ["--state", str(state_file)]
-    # Ctrl-C as a terminal delivers it: a shell that runs pytest in the background hands
-    # its children SIGINT ignored, and Python then never raises KeyboardInterrupt.
-    server = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    assert server.stdout is not None
-    assert server.stdout.readline().startswith("Tocsin API on")
-    return server
-
-
-def stop(server: subprocess.Popen) -> None:
-    server.send_signal(signal.SIGINT)
-    assert server.wait(timeout=60) == 0
-
-
 def test_serve_keeps_tasks_across_a_restart(tmp_path):
     state_file, port = tmp_path / "tocsin.json", free_port()
     url = f"http://127.0.0.1:{port}"
-    server = serve(state_file, port)
+    server = serve("--port", str(port), "--state", str(state_file))
     try:
         task = Client(url, principal="alice").submit(
             type="sns", target={"topic_arn": "arn:aws:sns:us-east-1:123456789012:t"}, delay=3600
         )
     finally:
         stop(server)
-    server = serve(state_file, port)
+    server = serve("--port", str(port), "--state", str(state_file))
     try:
         assert Client(url, principal="alice").get(task.id) == task
     finally:
         stop(server)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.mark.parametrize("content", ["{not json", '{"tables": {}}', "[]"])

@@ -41,7 +41,7 @@ from tocsin.local.demo import (
     progress_bars,
     summarize,
 )
-from tocsin.local.receiver import ReceiverProcess
+from tocsin.local.receiver import ReceiverProcess, allowing
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.local.server import api_event
 from tocsin.model import TaskStatus, TaskType
@@ -140,10 +140,14 @@ def timed_variant(
     bench: Bench, variant: str, offsets: list[int], label: str
 ) -> tuple[dict[str, Any], list[int]]:
     """Run one variant on a fresh runtime; its figures and its lateness values."""
-    parameters = {"LookAheadSeconds": str(LOOKAHEAD_S)}
-    runtime = EmbeddedRuntime(parameters, finder_interval_s=FINDER_INTERVAL_S)
     started = time.monotonic()
-    with runtime, ReceiverProcess() as receiver:
+    with (
+        ReceiverProcess() as receiver,
+        EmbeddedRuntime(
+            {"LookAheadSeconds": str(LOOKAHEAD_S), **allowing(receiver.url)},
+            finder_interval_s=FINDER_INTERVAL_S,
+        ) as runtime,
+    ):
         before = runtime.footprint()  # the stack is up: from here on, the tasks' own work
         start = clock.now_ms() + START_DELAY_MS + SUBMIT_ALLOWANCE_MS[variant] * len(offsets)
         start += 1000 - start % 1000  # on a second: offsets in distinct seconds stay apart

@@ -31,7 +31,7 @@ from moto.core.exceptions import JsonRESTError
 from tocsin import aws, clock
 from tocsin.executor import TableUnavailable
 from tocsin.local.dynamodb_process import Fault
-from tocsin.local.receiver import WebhookReceiver
+from tocsin.local.receiver import WebhookReceiver, allowing
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.local.server import api_event
 from tocsin.settings import settings
@@ -102,7 +102,9 @@ class Trial:
         self.notes["at_stop"] = dict(
             Counter(item["status"]["S"] for item in saved["tables"]["TasksTable"])
         )
-        self.runtime = self.runtimes.enter_context(_runtime(self.runtime.state_file))
+        self.runtime = self.runtimes.enter_context(
+            _runtime(self.runtime.state_file, self.receiver.url)
+        )
 
     def finder_until_done(self, runs: int = 30) -> None:
         """Run the finder until nothing due is left PENDING; a crashed run is run again."""
@@ -460,8 +462,9 @@ SCENARIOS: dict[str, Callable[[Trial, int], None]] = {
 }
 
 
-def _runtime(state_file: Path) -> EmbeddedRuntime:
-    return EmbeddedRuntime({"LogLevel": "ERROR"}, finder_interval_s=None, state_file=state_file)
+def _runtime(state_file: Path, receiver_url: str) -> EmbeddedRuntime:
+    parameters = {"LogLevel": "ERROR", **allowing(receiver_url)}
+    return EmbeddedRuntime(parameters, finder_interval_s=None, state_file=state_file)
 
 
 @contextmanager
@@ -475,7 +478,7 @@ def trial(seed: int) -> Iterator[Trial]:
         tempfile.TemporaryDirectory(prefix="tocsin-chaos-") as folder,
         ExitStack() as runtimes,
     ):
-        runtime = runtimes.enter_context(_runtime(Path(folder) / "state.json"))
+        runtime = runtimes.enter_context(_runtime(Path(folder) / "state.json", receiver.url))
         world = Trial(runtime, receiver, random.Random(seed), runtimes=runtimes)
         with world.exits:
             yield world

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tocsin import clock
-from tocsin.local.receiver import Arrival, WebhookReceiver
+from tocsin.local.receiver import Arrival, WebhookReceiver, allowing
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.submit import submit_task
 
@@ -95,11 +95,14 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
     tasks = options.tasks
     console = Console(stderr=True)
     rng = random.Random(options.seed)
-    runtime = EmbeddedRuntime(
-        parameters={"LookAheadSeconds": str(options.lookahead_s)},
-        finder_interval_s=options.finder_interval_s,
-    )
-    with runtime, WebhookReceiver() as receiver, progress_bars(console) as bar:
+    with (
+        WebhookReceiver() as receiver,
+        EmbeddedRuntime(
+            {"LookAheadSeconds": str(options.lookahead_s), **allowing(receiver.url)},
+            finder_interval_s=options.finder_interval_s,
+        ) as runtime,
+        progress_bars(console) as bar,
+    ):
         start = clock.now_ms() + START_DELAY_MS + SUBMIT_ALLOWANCE_MS * tasks
         offsets = sorted(rng.randint(0, int(options.spread_s * 1000)) for _ in range(tasks))
         planned = [PlannedTask(f"demo-{i:05d}", start + offset) for i, offset in enumerate(offsets)]

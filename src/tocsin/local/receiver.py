@@ -9,6 +9,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from tocsin import clock
 
@@ -25,6 +26,14 @@ class Arrival:
 
 
 Reply = int | Literal["hang", "close"]
+
+
+def allowing(url: str) -> dict[str, str]:
+    """Runtime parameters that let webhooks reach the receiver at `url` (its host and port)
+    and no other internal address, as `WebhookAllowedHosts` does on AWS."""
+    return {"WebhookAllowedHosts": urlsplit(url).netloc}
+
+
 ARRIVALS_PATH = "/_arrivals"
 
 

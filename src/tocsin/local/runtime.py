@@ -76,7 +76,6 @@ LOCAL_PARAMETERS = {
     "LookAheadSeconds": "20",
     "LeadMilliseconds": "5000",
     "WakesPerSecond": "15",
-    "WebhookAllowedHosts": "127.0.0.1,localhost",
     "LogLevel": "WARNING",
 }
 PROCESS_ENVIRONMENT = {

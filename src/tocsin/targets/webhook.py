@@ -80,11 +80,11 @@ class WebhookTarget(Target):
             raise ValueError("must not carry credentials")
         if _is_allowed(parts):
             return url
-        if parts.scheme != "https":
-            raise ValueError("must use https")
         literal = address_guard.literal_address(parts.hostname)
         if parts.hostname == "localhost" or (literal and not address_guard.is_public(literal)):
-            raise ValueError("must not point at an internal address")
+            raise ValueError("must not point at an internal address unless its host is allowed")
+        if parts.scheme != "https":
+            raise ValueError("must use https")
         return url
 
     @field_validator("headers")

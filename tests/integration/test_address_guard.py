@@ -1,0 +1,145 @@
+"""The webhook address guard where it matters: in the API that accepts a target, in the
+executor that connects to it, and in `tocsin serve`, which allows only what it is told."""
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+import urllib3
+
+from tests.conftest import free_port, serve, stop, stored, wait_for_status, webhook_task
+from tocsin import Client, clock
+from tocsin.client import InvalidRequest
+from tocsin.local.runtime import EmbeddedRuntime
+from tocsin.local.server import api_event
+
+PUBLIC = "93.184.216.34"  # a global address: the check passes it
+
+
+class Listener:
+    """A TCP server on loopback that only counts the connections it is offered."""
+
+    def __init__(self) -> None:
+        self._socket = socket.create_server(("127.0.0.1", 0))
+        self.port = self._socket.getsockname()[1]
+        self.connections = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self._socket.accept()
+            except OSError:
+                return
+            self.connections += 1
+            connection.close()
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+@pytest.fixture
+def listener() -> Iterator[Listener]:
+    listening = Listener()
+    yield listening
+    listening.close()
+
+
+@pytest.fixture
+def guarded() -> Iterator[EmbeddedRuntime]:
+    """The runtime as deployed by default: no host is allowed to be internal."""
+    with EmbeddedRuntime(finder_interval_s=None) as running:
+        yield running
+
+
+def answer_for(monkeypatch, names: dict[str, list[str]]) -> list[str]:
+    """DNS for `names`: each lookup takes the next of its answers (the last one repeats);
+    other names resolve as usual. Returns the names looked up, in order."""
+    real, asked = socket.getaddrinfo, []
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host not in names:
+            return real(host, port, *args, **kwargs)
+        asked.append(host)
+        address = names[host].pop(0) if len(names[host]) > 1 else names[host][0]
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    return asked
+
+
+def submit(runtime, body: dict) -> tuple[int, dict]:
+    reply = runtime.invoke("ApiFunction", api_event("POST", "/tasks", json.dumps(body)))
+    return reply["statusCode"], json.loads(reply["body"])
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://127.0.0.1:8080/hook", "https://localhost/hook", "https://10.0.0.5/", "https://[::1]/"],
+)
+def test_an_internal_target_is_refused_unless_its_host_is_allowed(guarded, url):
+    status, error = submit(guarded, webhook_task(url, clock.now_ms() + 60_000, "inside"))
+    assert status == 400 and error["error"]["field"] == "target.url"
+    assert "internal address" in error["error"]["message"]
+
+
+def test_the_executor_refuses_a_name_that_resolves_inside(guarded, listener, monkeypatch):
+    """The name passes the API (it is not an address); the executor resolves it, finds
+    loopback, fails the task for good and never connects."""
+    answer_for(monkeypatch, {"inside.example.com": ["127.0.0.1"]})
+    url = f"https://inside.example.com:{listener.port}/hook"
+    status, _ = submit(guarded, webhook_task(url, clock.now_ms() + 1000, "inside"))
+    assert status == 201
+    item = wait_for_status("inside", {"FAILED"})
+    assert "internal address 127.0.0.1" in item["error"] and int(item["attempts"]) == 1
+    assert listener.connections == 0
+
+
+def test_dns_rebound_after_the_check_does_not_reach_loopback(guarded, listener, monkeypatch):
+    """DNS answers a public address for the check and loopback for every lookup after: the
+    executor connects to the address it checked, so loopback is never offered a connection.
+    The public host is a stand-in that refuses (no real network)."""
+    asked = answer_for(monkeypatch, {"rebind.example.com": [PUBLIC, "127.0.0.1"]})
+    connected_to: list[str] = []
+    real_connect = urllib3.util.connection.create_connection
+
+    def internet(address, *args, **kwargs):
+        if address[1] == listener.port:  # the webhook's, not the local DynamoDB's
+            connected_to.append(address[0])
+        if address[0] == PUBLIC:
+            raise ConnectionRefusedError(f"{PUBLIC} refused (stand-in)")
+        return real_connect(address, *args, **kwargs)
+
+    monkeypatch.setattr(urllib3.util.connection, "create_connection", internet)
+    url = f"https://rebind.example.com:{listener.port}/hook"
+    body = webhook_task(url, clock.now_ms() + 1000, "rebound") | {"max_attempts": 1}
+    assert submit(guarded, body)[0] == 201
+    wait_for_status("rebound", {"FAILED"})
+    assert asked == ["rebind.example.com"]  # resolved once, before the gate
+    assert connected_to and set(connected_to) == {PUBLIC}
+    assert listener.connections == 0
+    assert stored("rebound")["status"] == "FAILED"
+
+
+def test_serve_allows_exactly_the_hosts_it_is_told(receiver):
+    """`tocsin serve --allow-host 127.0.0.1:<port>` lets webhooks reach that receiver and
+    no other port of the same host."""
+    port = free_port()
+    allowed = receiver.url.removeprefix("http://")
+    server = serve("--port", str(port), "--allow-host", allowed, "--finder-interval", "1")
+    try:
+        alice = Client(f"http://127.0.0.1:{port}", principal="alice")
+        task = alice.submit(type="webhook", target={"url": f"{receiver.url}/in"}, delay=1)
+        with pytest.raises(InvalidRequest) as refused:
+            alice.submit(
+                type="webhook", target={"url": f"http://127.0.0.1:{free_port()}/"}, delay=1
+            )
+        assert refused.value.status == 400 and refused.value.field == "target.url"
+        deadline = clock.now_ms() + 30_000
+        while not receiver.received() and clock.now_ms() < deadline:
+            threading.Event().wait(0.1)
+        assert [arrival.task_id for arrival in receiver.received()] == [task.id]
+    finally:
+        stop(server)
