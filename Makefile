@@ -10,7 +10,7 @@ TASKS  ?= 200
 
 tool_pins = $(shell $(PYTHON) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml","rb"))["tool"]["tocsin"]["tools"]["$(1)"]))')
 
-.PHONY: demo test lint format unit validate sam-validate sam-build cfn-lint statelint checkov clean
+.PHONY: demo test lock lint format unit validate sam-validate sam-build cfn-lint statelint checkov clean
 
 demo: $(VENV)/.installed
 	$(BIN)/tocsin demo --tasks $(TASKS)
@@ -47,11 +47,20 @@ statelint: $(VENV)/.installed $(CHKENV)/.installed
 	$(BIN)/tocsin asl > .build/task.asl.json
 	$(CHKENV)/bin/statelint .build/task.asl.json
 
-$(VENV)/.installed: pyproject.toml
+# Everything the .venv and the layer install is locked, with hashes, in requirements/
+# (`make lock` writes the locks from pyproject.toml; a test fails when they disagree).
+$(VENV)/.installed: pyproject.toml requirements/dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[local,dev]'
+	$(BIN)/pip install -q --require-hashes -r requirements/dev.txt
+	$(BIN)/pip install -q --no-deps -e .
 	touch $@
+
+LOCK = $(BIN)/uv pip compile pyproject.toml --universal --python-version 3.11 --generate-hashes -q
+
+lock: $(VENV)/.installed
+	$(LOCK) -o requirements/runtime.txt
+	$(LOCK) --extra local --extra dev -o requirements/dev.txt
 
 $(SAMENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(SAMENV)

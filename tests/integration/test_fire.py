@@ -7,6 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import boto3
 import pytest
+from standardwebhooks.webhooks import Webhook
 
 from tests.conftest import LOOPBACK_ALLOWED, stored, wait_for_status, webhook_task
 from tocsin import clock
@@ -14,7 +15,6 @@ from tocsin.errors import TaskConflict
 from tocsin.settings import settings
 from tocsin.store import TaskStore
 from tocsin.submit import new_item, submit_task
-from tocsin.targets.webhook import SIGNATURE_HEADER, verify
 
 
 def test_webhook_fires_once_at_due_time_with_payload_and_signature(runtime, receiver):
@@ -29,7 +29,7 @@ def test_webhook_fires_once_at_due_time_with_payload_and_signature(runtime, rece
     assert json.loads(arrival.body) == payload
     assert arrival.idempotency_key == "once:1"
     secret = boto3.client("secretsmanager").get_secret_value(SecretId=settings().webhook_secret_arn)
-    assert verify(secret["SecretString"], arrival.headers[SIGNATURE_HEADER], arrival.body)
+    assert Webhook(secret["SecretString"]).verify(arrival.body, arrival.headers) == payload
     assert int(item["lateness_ms"]) >= 0
     assert clock.to_iso(due) <= item["fired_at"]
 

@@ -110,3 +110,11 @@ def test_the_layer_is_built_for_the_runtime_and_cpu_the_functions_run_on():
     assert function["Architectures"] == layer["Properties"]["CompatibleArchitectures"]
     assert function["Architectures"] == [layer["Metadata"]["BuildArchitecture"]] == ["arm64"]
     assert wheels_for == "aarch64"
+
+
+def test_the_generated_signing_secret_is_a_base64_key():
+    """Secrets Manager's letters and digits are base64 digits; a length that is a multiple
+    of 4 decodes without padding, as Standard Webhooks libraries read it."""
+    generate = TEMPLATE["Resources"]["WebhookSigningSecret"]["Properties"]["GenerateSecretString"]
+    assert generate["ExcludePunctuation"] and generate["PasswordLength"] % 4 == 0
+    assert generate["PasswordLength"] * 3 // 4 >= 32  # at least a 256-bit key

@@ -42,6 +42,7 @@ import logging
 import math
 import os
 import secrets
+import string
 import sys
 import threading
 import time
@@ -691,7 +692,8 @@ def translate(
 
 
 def _create_secrets(template: dict[str, Any]) -> dict[str, Any]:
-    """moto's CloudFormation skips secrets: create them here and put their ARNs in place."""
+    """moto's CloudFormation skips secrets: create them here, generated as Secrets Manager
+    does for `GenerateSecretString` without punctuation, and put their ARNs in place."""
     import boto3
 
     client = boto3.client("secretsmanager")
@@ -700,9 +702,16 @@ def _create_secrets(template: dict[str, Any]) -> dict[str, Any]:
         if resource["Type"] == "AWS::SecretsManager::Secret":
             del template["Resources"][logical_id]
             arns[logical_id] = client.create_secret(
-                Name=f"{STACK_NAME}-{logical_id}", SecretString=secrets.token_urlsafe(36)
+                Name=f"{STACK_NAME}-{logical_id}",
+                SecretString=_generated_secret(resource["Properties"]["GenerateSecretString"]),
             )["ARN"]
     return _replace_refs(template, arns)
+
+
+def _generated_secret(generate: dict[str, Any]) -> str:
+    assert generate.get("ExcludePunctuation"), "only letters and digits are generated here"
+    alphabet = string.ascii_letters + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(int(generate["PasswordLength"])))
 
 
 def create_stack(

@@ -1,4 +1,5 @@
-"""Webhook target: POST the payload to a public HTTPS URL, signed, with an idempotency key.
+"""Webhook target: POST the payload to a public HTTPS URL, signed per Standard Webhooks
+(standardwebhooks.com), with an idempotency key.
 
 The host is resolved and checked, the signing secret fetched and the connection opened
 (TCP and TLS) before the gate, so only the request itself follows the gate. The
@@ -7,6 +8,8 @@ be rebound between check and use.
 Redirects are not followed: a 3xx is a permanent failure.
 """
 
+import base64
+import binascii
 import hashlib
 import hmac
 import ssl
@@ -25,23 +28,37 @@ from tocsin.settings import settings
 from tocsin.targets import address_guard
 from tocsin.targets.base import Delivery, Target
 
-SIGNATURE_HEADER = "Tocsin-Signature"
+SECRET_PREFIX = "whsec_"
 _RESERVED_HEADERS = {"host", "content-length", "content-type", "idempotency-key", "connection"}
+_RESERVED_PREFIXES = ("tocsin-", "webhook-")
 _RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 
-def sign(secret: str, timestamp_ms: int, body: bytes) -> str:
-    """`t=<ms>,v1=<hex HMAC-SHA256 of "<ms>." + body>`, checked by receivers with the secret."""
-    digest = hmac.new(secret.encode(), f"{timestamp_ms}.".encode() + body, hashlib.sha256)
-    return f"t={timestamp_ms},v1={digest.hexdigest()}"
+def signing_keys(secret: str) -> list[bytes]:
+    """The HMAC keys in the signing secret: a `whsec_<base64>` value (the prefix may be left
+    out), or several separated by spaces while a rotation is under way."""
+    keys = []
+    for value in secret.split():
+        text = value.removeprefix(SECRET_PREFIX)
+        try:
+            keys.append(base64.b64decode(text + "=" * (-len(text) % 4), validate=True))
+        except binascii.Error:
+            raise PermanentTargetError("the webhook signing secret is not whsec_<base64>") from None
+    return keys
 
 
-def verify(secret: str, header: str, body: bytes) -> bool:
-    """True when `header` is a signature of `body` made with `secret`."""
-    fields = dict(part.split("=", 1) for part in header.split(",") if "=" in part)
-    if not fields.get("t", "").isdigit() or "v1" not in fields:
-        return False
-    return hmac.compare_digest(sign(secret, int(fields["t"]), body), header)
+def signature_headers(
+    keys: list[bytes], message_id: str, timestamp_s: int, body: bytes
+) -> dict[str, str]:
+    """Standard Webhooks headers: the HMAC-SHA256 of `<id>.<timestamp>.<body>` under each key,
+    so a receiver that knows any one of them verifies (rotation without a gap)."""
+    signed = f"{message_id}.{timestamp_s}.".encode() + body
+    signatures = (hmac.new(key, signed, hashlib.sha256).digest() for key in keys)
+    return {
+        "webhook-id": message_id,
+        "webhook-timestamp": str(timestamp_s),
+        "webhook-signature": " ".join(f"v1,{base64.b64encode(s).decode()}" for s in signatures),
+    }
 
 
 def _is_allowed(parts: SplitResult) -> bool:
@@ -56,10 +73,10 @@ def _secrets() -> SecretsProvider:
     return SecretsProvider(boto3_client=aws.client("secretsmanager"))
 
 
-def _signing_secret() -> str | None:
-    """The HMAC key, cached for five minutes so a rotation is picked up without a redeploy."""
+def _signing_keys() -> list[bytes]:
+    """The signing keys, cached for five minutes so a rotation is picked up without a redeploy."""
     arn = settings().webhook_secret_arn
-    return str(_secrets().get(arn, max_age=300)) if arn else None
+    return signing_keys(str(_secrets().get(arn, max_age=300))) if arn else []
 
 
 class WebhookTarget(Target):
@@ -67,7 +84,7 @@ class WebhookTarget(Target):
     url: str = Field(max_length=2048)
     headers: dict[str, str] = Field(default_factory=dict, max_length=20)
     _address: str | None = PrivateAttr(default=None)
-    _secret: str | None = PrivateAttr(default=None)
+    _keys: list[bytes] = PrivateAttr(default_factory=list)
     _pool: urllib3.HTTPConnectionPool | None = PrivateAttr(default=None)
 
     @field_validator("url")
@@ -94,7 +111,7 @@ class WebhookTarget(Target):
             lowered = name.lower()
             if not name.replace("-", "").isalnum() or len(name) > 64:
                 raise ValueError(f"header name {name!r} is not a plain token")
-            if lowered in _RESERVED_HEADERS or lowered.startswith("tocsin-"):
+            if lowered in _RESERVED_HEADERS or lowered.startswith(_RESERVED_PREFIXES):
                 raise ValueError(f"header {name!r} is set by Tocsin")
             if "\r" in value or "\n" in value or len(value) > 1024:
                 raise ValueError(f"header {name!r} has a line break or is too long")
@@ -106,7 +123,7 @@ class WebhookTarget(Target):
         self._address = address_guard.resolve(
             parts.hostname or "", port, allow_internal=_is_allowed(parts)
         )
-        self._secret = _signing_secret()
+        self._keys = _signing_keys()
         self._pool = self._connection_pool(parts)
         _open_ahead(self._pool)
 
@@ -123,8 +140,9 @@ class WebhookTarget(Target):
             "Tocsin-Task-Id": delivery.task_id,
             "Tocsin-Task-Version": str(delivery.version),
         }
-        if self._secret:
-            headers[SIGNATURE_HEADER] = sign(self._secret, clock.now_ms(), body)
+        if self._keys:
+            timestamp_s = clock.now_ms() // 1000
+            headers |= signature_headers(self._keys, delivery.idempotency_key, timestamp_s, body)
         status = self._post(parts, body, headers)
         return {"status": status}
 
