@@ -5,7 +5,7 @@ from typing import Any
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from tocsin.api import app
+from tocsin.api import resolve
 from tocsin.observability import logger, metrics
 from tocsin.tracing import tracer
 
@@ -16,4 +16,4 @@ from tocsin.tracing import tracer
 @tracer.capture_lambda_handler(capture_response=False)
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    return app.resolve(event, context)
+    return resolve(event, context)

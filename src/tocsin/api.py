@@ -1,28 +1,54 @@
 """The task API behind API Gateway's HTTP API (IAM auth): routes to the domain, errors as JSON.
 
 The caller is the IAM principal API Gateway authenticated; its tasks are the only ones it
-can see or change. Every refusal is `{"error": {"code", "message", "field"}}` with a 4xx.
+can see or change. Powertools validates each request against the domain's models and each
+reply against tocsin.api_models, and describes both in the OpenAPI document
+(`tocsin openapi`, docs/openapi.json). Every refusal is `{"error": {"code", "message",
+"field"}}` with a 4xx.
 """
 
 import json
+import re
 from http import HTTPStatus
-from typing import Any
+from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
+from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 
-from tocsin.errors import InvalidTask, TaskError, Unauthenticated
-from tocsin.lifecycle import cancel_task, get_task, list_tasks, reschedule_task
-from tocsin.model import owner_id
+from tocsin.api_models import ErrorReply, TaskPage, TaskView
+from tocsin.errors import TaskError, Unauthenticated
+from tocsin.lifecycle import MAX_PAGE, Change, cancel_task, get_task, list_tasks, reschedule_task
+from tocsin.model import ID_PATTERN, TaskStatus, owner_id
 from tocsin.observability import logger
 from tocsin.settings import settings
-from tocsin.submit import submit_task
+from tocsin.submit import Submission, submit_task
 
-app = APIGatewayHttpResolver()
+app = APIGatewayHttpResolver(enable_validation=True)
+# The path's task id, named `id` as in the template's routes (and in refusals).
+TaskId = Annotated[str, Path(pattern=ID_PATTERN)]
+
+REFUSALS = {
+    HTTPStatus.BAD_REQUEST: "invalid input, the field named",
+    HTTPStatus.UNAUTHORIZED: "no IAM identity",
+    HTTPStatus.NOT_FOUND: "no such task for this caller, or no such route",
+    HTTPStatus.CONFLICT: "the id is taken by another body, or the task is claimed already",
+    HTTPStatus.UNSUPPORTED_MEDIA_TYPE: "a body that is not JSON (Content-Type: application/json)",
+}
 
 
-def _reply(status: int, body: Any) -> Response[Any]:
-    return Response(status, content_types.APPLICATION_JSON, json.dumps(body))
+def _replies(success: dict[int, tuple[str, type]], *refused: int) -> dict[int, Any]:
+    """The `responses` of a route: its successes and its refusals, each with its model."""
+    replies = {**success, **{status: (REFUSALS[status], ErrorReply) for status in refused}}
+    return {
+        int(status): {"description": text, "content": {"application/json": {"model": model}}}
+        for status, (text, model) in replies.items()
+    }
+
+
+def _reply(status: int, body: dict[str, Any]) -> Response[Any]:
+    return Response(status, content_types.APPLICATION_JSON, body)
 
 
 def _error(status: int, code: str, message: str, field: str | None = None) -> Response[Any]:
@@ -36,43 +62,64 @@ def _caller() -> str:
     return owner_id(principal)
 
 
-def _body() -> Any:
-    try:
-        return json.loads(app.current_event.decoded_body or "")
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidTask("body: not valid JSON", field="body") from None
-
-
-@app.post("/tasks")
-def submit() -> Response[Any]:
-    submitted = submit_task(_body(), _caller(), settings())
+@app.post(
+    "/tasks",
+    summary="Schedule a task (the same id and body again: the task as stored)",
+    responses=_replies(
+        {201: ("scheduled", TaskView), 200: ("already scheduled", TaskView)}, 400, 401, 409, 415
+    ),
+)
+def submit(submission: Annotated[Submission, Body()]) -> Response[TaskView]:
+    submitted = submit_task(submission, _caller(), settings())
     status = HTTPStatus.CREATED if submitted.created else HTTPStatus.OK
     logger.info("submitted", task_id=submitted.task["id"], new=submitted.created)
     return _reply(status, submitted.task)
 
 
-@app.get("/tasks")
-def list_() -> Response[Any]:
-    query = app.current_event.query_string_parameters or {}
+@app.get(
+    "/tasks",
+    summary="Your tasks, earliest due first, a page at a time",
+    responses=_replies({200: ("one page", TaskPage)}, 400, 401),
+)
+def list_(
+    status: Annotated[TaskStatus | None, Query()] = None,
+    due_before: Annotated[str | None, Query(description="ISO-8601, with a zone")] = None,
+    due_after: Annotated[str | None, Query(description="ISO-8601, with a zone")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+    next: Annotated[str | None, Query(description="from the previous page")] = None,
+) -> Response[TaskPage]:
+    query = app.current_event.query_string_parameters or {}  # all of it: unknown names refused
     return _reply(HTTPStatus.OK, list_tasks(query, _caller(), settings()))
 
 
-@app.get("/tasks/<task_id>")
-def get(task_id: str) -> Response[Any]:
-    return _reply(HTTPStatus.OK, get_task(task_id, _caller(), settings()))
+@app.get(
+    "/tasks/<id>",
+    summary="A task: its status, lateness, result or error",
+    responses=_replies({200: ("the task", TaskView)}, 400, 401, 404),
+)
+def get(id: TaskId) -> Response[TaskView]:
+    return _reply(HTTPStatus.OK, get_task(id, _caller(), settings()))
 
 
-@app.delete("/tasks/<task_id>")
-def cancel(task_id: str) -> Response[Any]:
-    task = cancel_task(task_id, _caller(), settings())
-    logger.info("cancelled", task_id=task_id)
+@app.delete(
+    "/tasks/<id>",
+    summary="Cancel a task not yet claimed",
+    responses=_replies({200: ("cancelled", TaskView)}, 400, 401, 404, 409),
+)
+def cancel(id: TaskId) -> Response[TaskView]:
+    task = cancel_task(id, _caller(), settings())
+    logger.info("cancelled", task_id=id)
     return _reply(HTTPStatus.OK, task)
 
 
-@app.patch("/tasks/<task_id>")
-def reschedule(task_id: str) -> Response[Any]:
-    task = reschedule_task(task_id, _body(), _caller(), settings())
-    logger.info("rescheduled", task_id=task_id, version=task["version"])
+@app.patch(
+    "/tasks/<id>",
+    summary="Move a task not yet claimed and/or replace its payload (its next version)",
+    responses=_replies({200: ("rescheduled", TaskView)}, 400, 401, 404, 409, 415),
+)
+def reschedule(id: TaskId, change: Annotated[Change, Body()]) -> Response[TaskView]:
+    task = reschedule_task(id, change, _caller(), settings())
+    logger.info("rescheduled", task_id=id, version=task["version"])
     return _reply(HTTPStatus.OK, task)
 
 
@@ -82,7 +129,69 @@ def refused(error: TaskError) -> Response[Any]:
     return _error(error.status, error.code, error.message, error.field)
 
 
+@app.exception_handler(RequestValidationError)
+def invalid_request(error: RequestValidationError) -> Response[Any]:
+    """Powertools' validation, told as the domain tells its own: the first error's field
+    (where it sits in the body or query) and pydantic's message."""
+    first = error.errors()[0]
+    if first["type"] == "json_invalid":
+        field, message = "body", "body: not valid JSON"
+    else:
+        field = ".".join(str(part) for part in first["loc"][1:]) or "body"
+        message = f"{field}: {first['msg']}"
+    logger.info("refused", code="invalid_task", field=field)
+    return _error(HTTPStatus.BAD_REQUEST, "invalid_task", message, field)
+
+
+# The methods of each path, for a 405 (API Gateway answers 404 before the function on AWS).
+METHODS = {re.compile(r"/tasks"): "GET, POST", re.compile(r"/tasks/[^/]+"): "DELETE, GET, PATCH"}
+
+
 @app.not_found
 def no_route(_: NotFoundError) -> Response[Any]:
-    request = f"{app.current_event.http_method} {app.current_event.path}"
-    return _error(HTTPStatus.NOT_FOUND, "no_route", f"no route {request}")
+    method, path = app.current_event.http_method, app.current_event.path
+    for pattern, allowed in METHODS.items():
+        if pattern.fullmatch(path):
+            reply = _error(
+                HTTPStatus.METHOD_NOT_ALLOWED, "method_not_allowed", f"{path} allows {allowed}"
+            )
+            reply.headers["Allow"] = allowed
+            return reply
+    return _error(HTTPStatus.NOT_FOUND, "no_route", f"no route {method} {path}")
+
+
+def resolve(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    """Answer one request. A body is read as JSON only: any other media type is refused
+    here, before Powertools would parse it as a form or as multipart."""
+    media_type = (event.get("headers") or {}).get("content-type", "").split(";")[0].strip()
+    if event.get("body") and media_type not in ("", content_types.APPLICATION_JSON):
+        message = f"body: send JSON (Content-Type: application/json), not {media_type}"
+        refusal = _error(
+            HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", message, "body"
+        )
+        return {
+            "statusCode": refusal.status_code,
+            "headers": {"Content-Type": content_types.APPLICATION_JSON},
+            "body": json.dumps(refusal.body),
+        }
+    return app.resolve(event, context)
+
+
+def openapi_document() -> dict[str, Any]:
+    """The API's OpenAPI document, as docs/openapi.json keeps it. Powertools lists a 422
+    for its validation errors on every route; this API answers those with a 400 (above),
+    so the 422s are left out."""
+    document = app.get_openapi_schema(
+        title="Tocsin task API",
+        version="1",
+        description="Tasks fired at their millisecond, exactly once. Requests are signed "
+        "with SigV4 for execute-api (IAM auth); each caller sees only its own tasks.",
+    ).model_dump(mode="json", by_alias=True, exclude_none=True)
+    for operations in document["paths"].values():
+        for operation in operations.values():
+            operation["responses"].pop("422", None)
+    schemas = document["components"]["schemas"]
+    while unused := [n for n in schemas if f'/schemas/{n}"' not in json.dumps(document)]:
+        for name in unused:
+            del schemas[name]
+    return document

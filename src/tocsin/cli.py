@@ -63,6 +63,14 @@ def _asl(args: argparse.Namespace) -> int:
     return 0
 
 
+def _openapi(args: argparse.Namespace) -> int:
+    """The document docs/openapi.json keeps: `tocsin openapi > docs/openapi.json`."""
+    from tocsin.api import openapi_document
+
+    print(json.dumps(openapi_document(), indent=2))
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     """The task API on 127.0.0.1 over the embedded runtime, until Ctrl-C."""
     import logging
@@ -88,6 +96,7 @@ def _serve(args: argparse.Namespace) -> int:
             return 2
         url = running.enter_context(serving(runtime, args.port))
         print(f"Tocsin API on {url} (caller: X-Tocsin-Principal header). Ctrl-C stops.")
+        print(f"  its OpenAPI document: {url}/openapi.json, Swagger UI: {url}/swagger")
         if args.state:
             requeued = len(runtime.requeued)
             print(f"  state in {args.state}, saved at the stop ({requeued} tasks requeued)")
@@ -307,6 +316,9 @@ def parser() -> argparse.ArgumentParser:
 
     asl = commands.add_parser("asl", help="print the task state machine with substitutions")
     asl.set_defaults(run=_asl)
+
+    openapi = commands.add_parser("openapi", help="print the API's OpenAPI document")
+    openapi.set_defaults(run=_openapi)
 
     serve = commands.add_parser("serve", help="serve the task API locally, tasks fire for real")
     serve.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (8765)")

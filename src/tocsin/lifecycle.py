@@ -41,6 +41,8 @@ class Listing(BaseModel):
 class Change(Timing):
     """The body of `PATCH /tasks/{id}`: a new time (`due_at` or `delay`), a new payload, or both."""
 
+    model_config = ConfigDict(json_schema_extra={"minProperties": 1})  # checked in reschedule
+
     payload: JsonValue = None
 
 

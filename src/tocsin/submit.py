@@ -9,7 +9,7 @@ import json
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import (
     AwareDatetime,
@@ -18,6 +18,7 @@ from pydantic import (
     Field,
     JsonValue,
     ValidationError,
+    WithJsonSchema,
     field_validator,
 )
 
@@ -37,6 +38,15 @@ from tocsin.settings import MAX_PAYLOAD_BYTES, Settings, settings
 from tocsin.store import TaskStore
 from tocsin.targets import parse_target
 
+DELAY_SCHEMA = {
+    "anyOf": [
+        {"type": "number", "minimum": 0},
+        {"type": "string", "format": "duration"},
+        {"type": "null"},
+    ],
+    "description": "seconds, or an ISO-8601 duration such as PT90S",
+}
+
 
 class Timing(BaseModel):
     """When a task is due: an absolute `due_at`, or a `delay` after the request (or event)."""
@@ -44,7 +54,10 @@ class Timing(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     due_at: AwareDatetime | None = None
-    delay: timedelta | None = Field(default=None, ge=timedelta(0))
+    # Seconds, or an ISO-8601 duration; the document says both (pydantic's says a string).
+    delay: Annotated[timedelta | None, WithJsonSchema(DELAY_SCHEMA)] = Field(
+        default=None, ge=timedelta(0)
+    )
 
     @field_validator("due_at", mode="before")
     @classmethod
