@@ -18,6 +18,8 @@ from urllib.parse import quote, urlencode, urlsplit
 import urllib3
 from pydantic import BaseModel, ConfigDict
 
+from tocsin.api_models import TaskView
+
 _UNSET: Any = object()
 RETRY = urllib3.Retry(
     total=3,
@@ -29,29 +31,17 @@ RETRY = urllib3.Retry(
 )
 
 
-class TaskFailure(BaseModel):
-    type: str
-    message: str
+class Task(TaskView):
+    """A task as the API shows it (tocsin.api_models.TaskView), its times as datetimes."""
 
-
-class Task(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    id: str
-    status: str
-    version: int
-    due_at: datetime
+    status: str  # a status newer than this client still reads
     type: str
-    target: dict[str, Any]
-    payload: Any = None
-    max_attempts: int
-    attempts: int
+    due_at: datetime
     created_at: datetime
     updated_at: datetime | None = None
     fired_at: datetime | None = None
-    lateness_ms: int | None = None
-    result: Any = None
-    error: TaskFailure | None = None
 
 
 class TaskPage(BaseModel):
