@@ -21,19 +21,23 @@ class InvalidTask(TaskError):
     code = "invalid_task"
 
 
+class InvalidSchedule(TaskError):
+    code = "invalid_schedule"
+
+
 class Unauthenticated(TaskError):
     status = 401
     code = "unauthenticated"
 
 
-class TaskNotFound(TaskError):
-    """No such task for this caller: another owner's task is reported the same way."""
+class NotFound(TaskError):
+    """No such task or schedule for this caller: another owner's is reported the same way."""
 
     status = 404
     code = "not_found"
 
 
-class TaskConflict(TaskError):
+class Conflict(TaskError):
     status = 409
     code = "conflict"
 

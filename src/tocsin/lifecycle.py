@@ -16,7 +16,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, Val
 
 from tocsin import clock
 from tocsin.dispatch import dispatch_if_due_soon, stop_own_execution
-from tocsin.errors import InvalidTask, TaskConflict, TaskNotFound
+from tocsin.errors import Conflict, InvalidTask, NotFound
 from tocsin.index_keys import due_index_keys
 from tocsin.model import ID_PATTERN, TaskStatus, task_view
 from tocsin.settings import Settings
@@ -55,14 +55,14 @@ def check_id(task_id: str) -> str:
 def _owned(store: TaskStore, task_id: str, owner: str) -> dict[str, Any]:
     item = store.get(check_id(task_id))
     if item is None or item.get("owner") != owner:
-        raise TaskNotFound(f"id: no task {task_id!r}", field="id")
+        raise NotFound(f"id: no task {task_id!r}", field="id")
     return item
 
 
-def _unchangeable(store: TaskStore, task_id: str, owner: str, verb: str) -> TaskConflict:
+def _unchangeable(store: TaskStore, task_id: str, owner: str, verb: str) -> Conflict:
     """Why a conditional change failed: not found (raised), or a conflict naming the status."""
     item = _owned(store, task_id, owner)
-    return TaskConflict(f"id: task {task_id!r} is {item['status']}, it cannot be {verb}", "id")
+    return Conflict(f"id: task {task_id!r} is {item['status']}, it cannot be {verb}", "id")
 
 
 def get_task(task_id: str, owner: str, config: Settings) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from pydantic import (
 
 from tocsin import clock
 from tocsin.dispatch import dispatch_if_due_soon
-from tocsin.errors import InvalidTask, TaskConflict
+from tocsin.errors import Conflict, InvalidTask
 from tocsin.index_keys import due_index_keys
 from tocsin.model import (
     DEFAULT_MAX_ATTEMPTS,
@@ -170,7 +170,7 @@ def submit_task(
     existing = store.create(item)
     if existing is not None:
         if existing.get("body_hash") != item["body_hash"]:
-            raise TaskConflict(f"id: task {item['task_id']!r} exists with another body", "id")
+            raise Conflict(f"id: task {item['task_id']!r} exists with another body", "id")
         return Submitted(task_view(existing), created=False)
     item = dispatch_if_due_soon(item, config, store)
     return Submitted(task_view(item), created=True)

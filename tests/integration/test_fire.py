@@ -11,7 +11,7 @@ from standardwebhooks.webhooks import Webhook
 
 from tests.conftest import LOOPBACK_ALLOWED, stored, wait_for_status, webhook_task
 from tocsin import clock
-from tocsin.errors import TaskConflict
+from tocsin.errors import Conflict
 from tocsin.settings import settings
 from tocsin.store import TaskStore
 from tocsin.submit import new_item, submit_task
@@ -84,10 +84,10 @@ def test_conflicting_body_is_refused_and_first_task_untouched(runtime, receiver)
     due = clock.now_ms() + 60_000
     submit_task(webhook_task(receiver.url, due, "taken"), owner="alice")
     before = stored("taken")
-    with pytest.raises(TaskConflict) as refused:
+    with pytest.raises(Conflict) as refused:
         submit_task(webhook_task(receiver.url, due + 1, "taken"), owner="alice")
     assert refused.value.field == "id"
-    with pytest.raises(TaskConflict):
+    with pytest.raises(Conflict):
         submit_task(webhook_task(receiver.url, due, "taken"), owner="mallory")
     assert stored("taken") == before
 
