@@ -1,8 +1,9 @@
-"""The task API behind API Gateway's HTTP API (IAM auth): routes to the domain, errors as JSON.
+"""The API behind API Gateway's HTTP API (IAM auth): tasks and recurring schedules, routed
+to the domain, errors as JSON.
 
-The caller is the IAM principal API Gateway authenticated; its tasks are the only ones it
-can see or change. Powertools validates each request against the domain's models and each
-reply against tocsin.api_models, and describes both in the OpenAPI document
+The caller is the IAM principal API Gateway authenticated; its tasks and schedules are the
+only ones it can see or change. Powertools validates each request against the domain's
+models and each reply against tocsin.api_models, and describes both in the OpenAPI document
 (`tocsin openapi`, docs/openapi.json). Every refusal is `{"error": {"code", "message",
 "field"}}` with a 4xx.
 """
@@ -17,23 +18,36 @@ from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 
-from tocsin.api_models import ErrorReply, TaskPage, TaskView
+from tocsin.api_models import ErrorReply, SchedulePage, ScheduleView, TaskPage, TaskView, Upcoming
 from tocsin.errors import TaskError, Unauthenticated
 from tocsin.lifecycle import MAX_PAGE, Change, cancel_task, get_task, list_tasks, reschedule_task
-from tocsin.model import ID_PATTERN, TaskStatus, owner_id
+from tocsin.model import SCHEDULE_ID_PATTERN, TASK_ID_PATTERN, TaskStatus, owner_id
 from tocsin.observability import logger
+from tocsin.recurrence import MAX_UPCOMING
+from tocsin.schedules import (
+    ScheduleChange,
+    ScheduleSpec,
+    create_schedule,
+    delete_schedule,
+    get_schedule,
+    list_schedules,
+    upcoming,
+    update_schedule,
+)
 from tocsin.settings import settings
 from tocsin.submit import Submission, submit_task
 
 app = APIGatewayHttpResolver(enable_validation=True)
 # The path's task id, named `id` as in the template's routes (and in refusals).
-TaskId = Annotated[str, Path(pattern=ID_PATTERN)]
+TaskId = Annotated[str, Path(pattern=TASK_ID_PATTERN)]
+ScheduleId = Annotated[str, Path(pattern=SCHEDULE_ID_PATTERN)]
 
 REFUSALS = {
     HTTPStatus.BAD_REQUEST: "invalid input, the field named",
     HTTPStatus.UNAUTHORIZED: "no IAM identity",
-    HTTPStatus.NOT_FOUND: "no such task for this caller, or no such route",
-    HTTPStatus.CONFLICT: "the id is taken by another body, or the task is claimed already",
+    HTTPStatus.NOT_FOUND: "no such task or schedule for this caller, or no such route",
+    HTTPStatus.CONFLICT: "the id is taken by another body, the task is claimed already, or "
+    "the schedule changed meanwhile",
     HTTPStatus.UNSUPPORTED_MEDIA_TYPE: "a body that is not JSON (Content-Type: application/json)",
 }
 
@@ -83,6 +97,9 @@ def submit(submission: Annotated[Submission, Body()]) -> Response[TaskView]:
 )
 def list_(
     status: Annotated[TaskStatus | None, Query()] = None,
+    schedule: Annotated[
+        str | None, Query(pattern=SCHEDULE_ID_PATTERN, description="one schedule's occurrences")
+    ] = None,
     due_before: Annotated[str | None, Query(description="ISO-8601, with a zone")] = None,
     due_after: Annotated[str | None, Query(description="ISO-8601, with a zone")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
@@ -123,6 +140,78 @@ def reschedule(id: TaskId, change: Annotated[Change, Body()]) -> Response[TaskVi
     return _reply(HTTPStatus.OK, task)
 
 
+@app.post(
+    "/schedules",
+    summary="Create a recurring schedule (the same id and body again: the schedule as stored)",
+    responses=_replies(
+        {201: ("created", ScheduleView), 200: ("already created", ScheduleView)},
+        400,
+        401,
+        409,
+        415,
+    ),
+)
+def create(spec: Annotated[ScheduleSpec, Body()]) -> Response[ScheduleView]:
+    schedule, created = create_schedule(spec, _caller(), settings())
+    logger.info("schedule created", schedule_id=schedule["id"], new=created)
+    return _reply(HTTPStatus.CREATED if created else HTTPStatus.OK, schedule)
+
+
+@app.get(
+    "/schedules",
+    summary="Your schedules by id, a page at a time",
+    responses=_replies({200: ("one page", SchedulePage)}, 400, 401),
+)
+def list_all(
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+    next: Annotated[str | None, Query(description="from the previous page")] = None,
+) -> Response[SchedulePage]:
+    query = app.current_event.query_string_parameters or {}
+    return _reply(HTTPStatus.OK, list_schedules(query, _caller(), settings()))
+
+
+@app.get(
+    "/schedules/<id>",
+    summary="A schedule: its state, next occurrence, last fire and counts",
+    responses=_replies({200: ("the schedule", ScheduleView)}, 400, 401, 404),
+)
+def read(id: ScheduleId) -> Response[ScheduleView]:
+    return _reply(HTTPStatus.OK, get_schedule(id, _caller(), settings()))
+
+
+@app.get(
+    "/schedules/<id>/upcoming",
+    summary="The schedule's next occurrences after now (ISO-8601 UTC, milliseconds)",
+    responses=_replies({200: ("the next occurrences", Upcoming)}, 400, 401, 404),
+)
+def preview(
+    id: ScheduleId, count: Annotated[int, Query(ge=1, le=MAX_UPCOMING)] = 10
+) -> Response[Upcoming]:
+    return _reply(HTTPStatus.OK, upcoming(id, count, _caller(), settings()))
+
+
+@app.patch(
+    "/schedules/<id>",
+    summary="Edit a schedule, or pause and resume it (state); its next revision",
+    responses=_replies({200: ("changed", ScheduleView)}, 400, 401, 404, 409, 415),
+)
+def change(id: ScheduleId, change: Annotated[ScheduleChange, Body()]) -> Response[ScheduleView]:
+    schedule = update_schedule(id, change, _caller(), settings())
+    logger.info("schedule changed", schedule_id=id, revision=schedule["revision"])
+    return _reply(HTTPStatus.OK, schedule)
+
+
+@app.delete(
+    "/schedules/<id>",
+    summary="Delete a schedule; its occurrences not yet claimed are cancelled",
+    responses=_replies({200: ("deleted (as it was)", ScheduleView)}, 400, 401, 404),
+)
+def remove(id: ScheduleId) -> Response[ScheduleView]:
+    schedule = delete_schedule(id, _caller(), settings())
+    logger.info("schedule deleted", schedule_id=id)
+    return _reply(HTTPStatus.OK, schedule)
+
+
 @app.exception_handler(TaskError)
 def refused(error: TaskError) -> Response[Any]:
     logger.info("refused", code=error.code, field=error.field)
@@ -134,17 +223,24 @@ def invalid_request(error: RequestValidationError) -> Response[Any]:
     """Powertools' validation, told as the domain tells its own: the first error's field
     (where it sits in the body or query) and pydantic's message."""
     first = error.errors()[0]
+    code = "invalid_schedule" if app.current_event.path.startswith("/schedules") else "invalid_task"
     if first["type"] == "json_invalid":
         field, message = "body", "body: not valid JSON"
     else:
         field = ".".join(str(part) for part in first["loc"][1:]) or "body"
         message = f"{field}: {first['msg']}"
-    logger.info("refused", code="invalid_task", field=field)
-    return _error(HTTPStatus.BAD_REQUEST, "invalid_task", message, field)
+    logger.info("refused", code=code, field=field)
+    return _error(HTTPStatus.BAD_REQUEST, code, message, field)
 
 
 # The methods of each path, for a 405 (API Gateway answers 404 before the function on AWS).
-METHODS = {re.compile(r"/tasks"): "GET, POST", re.compile(r"/tasks/[^/]+"): "DELETE, GET, PATCH"}
+METHODS = {
+    re.compile(r"/tasks"): "GET, POST",
+    re.compile(r"/tasks/[^/]+"): "DELETE, GET, PATCH",
+    re.compile(r"/schedules"): "GET, POST",
+    re.compile(r"/schedules/[^/]+"): "DELETE, GET, PATCH",
+    re.compile(r"/schedules/[^/]+/upcoming"): "GET",
+}
 
 
 @app.not_found
@@ -182,10 +278,11 @@ def openapi_document() -> dict[str, Any]:
     for its validation errors on every route; this API answers those with a 400 (above),
     so the 422s are left out."""
     document = app.get_openapi_schema(
-        title="Tocsin task API",
+        title="Tocsin API",
         version="1",
-        description="Tasks fired at their millisecond, exactly once. Requests are signed "
-        "with SigV4 for execute-api (IAM auth); each caller sees only its own tasks.",
+        description="Tasks fired at their millisecond, exactly once, and recurring schedules "
+        "whose every occurrence is such a task. Requests are signed with SigV4 for "
+        "execute-api (IAM auth); each caller sees only its own tasks and schedules.",
     ).model_dump(mode="json", by_alias=True, exclude_none=True)
     for operations in document["paths"].values():
         for operation in operations.values():

@@ -1,8 +1,8 @@
-"""What the task API answers, as models: they validate each reply and describe it in the
+"""What the API answers, as models: they validate each reply and describe it in the
 OpenAPI document (docs/openapi.json). Requests are the domain's own models (Submission,
 Change); a refusal is always an ErrorReply."""
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, JsonValue
 
@@ -37,6 +37,39 @@ class TaskView(BaseModel):
 class TaskPage(BaseModel):
     tasks: list[TaskView]
     next: str | None
+
+
+class ScheduleView(BaseModel):
+    """A recurring schedule as its owner sees it (tocsin.schedules.schedule_view)."""
+
+    id: str
+    expression: str
+    timezone: str
+    start_at: str | None
+    end_at: str | None
+    type: TaskType
+    target: dict[str, Any]
+    payload: JsonValue
+    max_attempts: int
+    catch_up: Literal["skip", "latest"]
+    state: Literal["ENABLED", "PAUSED", "COMPLETED"]
+    revision: int
+    next_due_at: str | None
+    occurrences: int
+    missed: int
+    created_at: str
+    updated_at: str | None = None
+    last_fired_at: str | None = None
+
+
+class SchedulePage(BaseModel):
+    schedules: list[ScheduleView]
+    next: str | None
+
+
+class Upcoming(BaseModel):
+    id: str
+    occurrences: list[str]
 
 
 class ErrorDetail(BaseModel):

@@ -7,6 +7,7 @@ import re
 import sys
 from contextlib import ExitStack
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -149,10 +150,10 @@ def json_argument(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"not JSON: {error}") from None
 
 
-def _task_command(args: argparse.Namespace) -> int:
-    """submit, get, list, cancel, reschedule: one API call each, printed for people or --json."""
+def _api_command(args: argparse.Namespace) -> int:
+    """The task and schedule commands: one API call each, printed for people or --json."""
     from tocsin.client import ApiError, Client
-    from tocsin.local.output import print_page, print_task
+    from tocsin.local.output import print_page, print_schedules, print_task
 
     if not args.url:
         print("error: give --url or set TOCSIN_URL (tocsin serve prints it)", file=sys.stderr)
@@ -164,10 +165,15 @@ def _task_command(args: argparse.Namespace) -> int:
         where = f" (field: {error.field})" if error.field else ""
         print(f"error: {error.status} {error.code}: {error.message}{where}", file=sys.stderr)
         return 1
-    if args.json:
+    if isinstance(result, list):  # upcoming occurrences
+        moments = [moment.isoformat(timespec="milliseconds") for moment in result]
+        print(json.dumps(moments) if args.json else "\n".join(moments))
+    elif args.json:
         print(result.model_dump_json())
     elif hasattr(result, "tasks"):
         print_page(result)
+    elif hasattr(result, "schedules"):
+        print_schedules(result)
     else:
         print_task(result)
     return 0
@@ -187,6 +193,7 @@ def _submit_call(client: Any, args: argparse.Namespace) -> Any:
 def _list_call(client: Any, args: argparse.Namespace) -> Any:
     return client.list(
         status=args.status,
+        schedule=args.schedule,
         due_before=args.due_before,
         due_after=args.due_after,
         limit=args.limit,
@@ -218,23 +225,24 @@ def _add_task_commands(commands: Any) -> None:
     submit.add_argument("--at", required=True, type=when, help="+90s, +2h or ISO-8601 with zone")
     submit.add_argument("--id", help="your id for the task (made up if left out)")
     submit.add_argument("--max-attempts", type=int, help="delivery attempts, 1-5 (3)")
-    submit.set_defaults(run=_task_command, call=_submit_call)
+    submit.set_defaults(run=_api_command, call=_submit_call)
 
     get = commands.add_parser("get", parents=[common], help="show a task")
     get.add_argument("task_id")
-    get.set_defaults(run=_task_command, call=lambda client, args: client.get(args.task_id))
+    get.set_defaults(run=_api_command, call=lambda client, args: client.get(args.task_id))
 
     listing = commands.add_parser("list", parents=[common], help="list your tasks")
     listing.add_argument("--status", help="PENDING, SCHEDULED, RUNNING, SUCCEEDED, ...")
+    listing.add_argument("--schedule", help="only this schedule's occurrences")
     listing.add_argument("--due-before", help="ISO-8601 time")
     listing.add_argument("--due-after", help="ISO-8601 time")
     listing.add_argument("--limit", type=int, help="tasks per page, 1-100 (50)")
     listing.add_argument("--next", help="the token printed under the previous page")
-    listing.set_defaults(run=_task_command, call=_list_call)
+    listing.set_defaults(run=_api_command, call=_list_call)
 
     cancel = commands.add_parser("cancel", parents=[common], help="cancel a task not yet fired")
     cancel.add_argument("task_id")
-    cancel.set_defaults(run=_task_command, call=lambda client, args: client.cancel(args.task_id))
+    cancel.set_defaults(run=_api_command, call=lambda client, args: client.cancel(args.task_id))
 
     reschedule = commands.add_parser(
         "reschedule", parents=[common], help="move a task not yet fired, or change its payload"
@@ -242,7 +250,77 @@ def _add_task_commands(commands: Any) -> None:
     reschedule.add_argument("task_id")
     reschedule.add_argument("--at", type=when, help="+90s, +2h or ISO-8601 with zone")
     reschedule.add_argument("--payload", type=json_argument, help="new payload, JSON")
-    reschedule.set_defaults(run=_task_command, call=_reschedule_call)
+    reschedule.set_defaults(run=_api_command, call=_reschedule_call)
+
+    schedule = commands.add_parser("schedule", help="recurring schedules: cron, rate and at")
+    _add_schedule_commands(schedule.add_subparsers(dest="action", required=True), common)
+
+
+def _schedule_fields(command: argparse.ArgumentParser, creating: bool) -> None:
+    """The options that describe a schedule; required ones only when `creating`."""
+    command.add_argument(
+        "--expression",
+        required=creating,
+        help="cron(0 9 ? * MON-FRI *), rate(10 seconds) or at(2027-01-01T09:00:00)",
+    )
+    command.add_argument("--timezone", help="an IANA time zone (UTC)")
+    command.add_argument("--start-at", help="ISO-8601 with zone: no occurrence before")
+    command.add_argument("--end-at", help="ISO-8601 with zone: no occurrence from then on")
+    command.add_argument("--type", required=creating, help="webhook, lambda, eventbridge, ...")
+    command.add_argument("--target", required=creating, type=json_argument, help="JSON")
+    command.add_argument("--payload", type=json_argument, help="payload of each occurrence, JSON")
+    command.add_argument("--max-attempts", type=int, help="delivery attempts, 1-5 (3)")
+    command.add_argument("--catch-up", choices=["skip", "latest"], help="missed occurrences")
+
+
+def _schedule_changes(args: argparse.Namespace) -> dict[str, Any]:
+    names = ("expression", "timezone", "start_at", "end_at", "type", "target", "payload")
+    given = {name: getattr(args, name) for name in (*names, "max_attempts", "catch_up")}
+    return {name: value for name, value in given.items() if value is not None}
+
+
+def _add_schedule_commands(actions: Any, common: argparse.ArgumentParser) -> None:
+    def one(client: Any, args: argparse.Namespace, method: str) -> Any:
+        return getattr(client, method)(args.schedule_id)
+
+    create = actions.add_parser("create", parents=[common], help="create a schedule")
+    create.add_argument("--id", help="your id for the schedule (made up if left out)")
+    _schedule_fields(create, creating=True)
+    create.set_defaults(
+        run=_api_command,
+        call=lambda client, args: client.create_schedule(id=args.id, **_schedule_changes(args)),
+    )
+    update = actions.add_parser("update", parents=[common], help="change a schedule")
+    update.add_argument("schedule_id")
+    _schedule_fields(update, creating=False)
+    update.set_defaults(
+        run=_api_command,
+        call=lambda client, args: client.update_schedule(
+            args.schedule_id, **_schedule_changes(args)
+        ),
+    )
+    for action, method, text in (
+        ("get", "get_schedule", "show a schedule"),
+        ("pause", "pause_schedule", "stop making occurrences (pending ones are cancelled)"),
+        ("resume", "resume_schedule", "go on from now"),
+        ("delete", "delete_schedule", "delete a schedule, cancel its pending occurrences"),
+    ):
+        command = actions.add_parser(action, parents=[common], help=text)
+        command.add_argument("schedule_id")
+        command.set_defaults(run=_api_command, call=partial(one, method=method))
+    upcoming = actions.add_parser("upcoming", parents=[common], help="the next occurrences")
+    upcoming.add_argument("schedule_id")
+    upcoming.add_argument("--count", type=int, default=10, help="how many, 1-100 (10)")
+    upcoming.set_defaults(
+        run=_api_command, call=lambda client, args: client.upcoming(args.schedule_id, args.count)
+    )
+    listing = actions.add_parser("list", parents=[common], help="list your schedules")
+    listing.add_argument("--limit", type=int, help="schedules per page, 1-100 (50)")
+    listing.add_argument("--next", help="the token printed under the previous page")
+    listing.set_defaults(
+        run=_api_command,
+        call=lambda client, args: client.list_schedules(limit=args.limit, next=args.next),
+    )
 
 
 def _redrive(args: argparse.Namespace) -> int:
@@ -386,6 +464,8 @@ def main(argv: list[str] | None = None) -> int:
         parser().error("--tasks: at least 5 per scenario (the scenarios split them in fifths)")
     if args.command == "reschedule" and args.at is None and args.payload is None:
         parser().error("reschedule needs --at, --payload or both")
+    if args.command == "schedule" and args.action == "update" and not _schedule_changes(args):
+        parser().error("schedule update needs at least one option to change")
     return int(args.run(args))
 
 

@@ -1,8 +1,12 @@
-"""`tocsin.Client`: typed calls to the task API, SigV4-signed, or to `tocsin serve` locally.
+"""`tocsin.Client`: typed calls to the API, SigV4-signed, or to `tocsin serve` locally.
 
     from tocsin import Client
-    tasks = Client("https://abc123.execute-api.eu-west-1.amazonaws.com")
-    task = tasks.submit(type="webhook", target={"url": "https://example.com/hook"}, delay=90)
+    tocsin = Client("https://abc123.execute-api.eu-west-1.amazonaws.com")
+    task = tocsin.submit(type="webhook", target={"url": "https://example.com/hook"}, delay=90)
+    daily = tocsin.create_schedule(
+        expression="cron(0 9 ? * MON-FRI *)", timezone="Europe/Berlin",
+        type="webhook", target={"url": "https://example.com/report"},
+    )
 
 Credentials come from boto3's usual chain. With `principal=`, requests go unsigned and
 name the caller in `X-Tocsin-Principal`, which only `tocsin serve` honours.
@@ -18,9 +22,10 @@ from urllib.parse import quote, urlencode, urlsplit
 import urllib3
 from pydantic import BaseModel, ConfigDict
 
-from tocsin.api_models import TaskView
+from tocsin.api_models import ScheduleView, TaskView
 
 _UNSET: Any = object()
+Moments = list[datetime]  # (inside Client, `list` is its method)
 RETRY = urllib3.Retry(
     total=3,
     backoff_factor=0.5,
@@ -46,6 +51,26 @@ class Task(TaskView):
 
 class TaskPage(BaseModel):
     tasks: list[Task]
+    next: str | None = None
+
+
+class Schedule(ScheduleView):
+    """A schedule as the API shows it (tocsin.api_models.ScheduleView), times as datetimes."""
+
+    model_config = ConfigDict(extra="allow")
+
+    state: str  # a state newer than this client still reads
+    type: str
+    start_at: datetime | None
+    end_at: datetime | None
+    next_due_at: datetime | None
+    created_at: datetime
+    updated_at: datetime | None = None
+    last_fired_at: datetime | None = None
+
+
+class SchedulePage(BaseModel):
+    schedules: list[Schedule]
     next: str | None = None
 
 
@@ -99,6 +124,14 @@ def _timing(due_at: datetime | str | None, delay: float | timedelta | None) -> d
     if delay is not None:
         timing["delay"] = delay.total_seconds() if isinstance(delay, timedelta) else delay
     return timing
+
+
+def _times(**times: datetime | str | None) -> dict[str, str]:
+    return {name: _when(value) for name, value in times.items() if value is not None}
+
+
+def _schedule_path(schedule_id: str) -> str:
+    return f"/schedules/{quote(schedule_id, safe='')}"
 
 
 class Client:
@@ -157,13 +190,14 @@ class Client:
         self,
         *,
         status: str | None = None,
+        schedule: str | None = None,
         due_before: datetime | str | None = None,
         due_after: datetime | str | None = None,
         limit: int | None = None,
         next: str | None = None,
     ) -> TaskPage:
-        """One page of the caller's tasks, earliest due first."""
-        query = {"status": status, "limit": limit, "next": next}
+        """One page of the caller's tasks (or one schedule's occurrences), earliest due first."""
+        query = {"status": status, "schedule": schedule, "limit": limit, "next": next}
         query |= {
             "due_before": _when(due_before) if due_before is not None else None,
             "due_after": _when(due_after) if due_after is not None else None,
@@ -197,6 +231,59 @@ class Client:
             body["payload"] = payload
         path = f"/tasks/{quote(task_id, safe='')}"
         return Task.model_validate(self._call("PATCH", path, body))
+
+    def create_schedule(
+        self,
+        *,
+        expression: str,
+        type: str,
+        target: dict[str, Any],
+        payload: Any = None,
+        timezone: str = "UTC",
+        start_at: datetime | str | None = None,
+        end_at: datetime | str | None = None,
+        catch_up: str = "skip",
+        id: str | None = None,
+        max_attempts: int | None = None,
+    ) -> Schedule:
+        """A recurring schedule; without `id` one is made here, so a retry cannot double it."""
+        body: dict[str, Any] = {"id": id or uuid.uuid4().hex, "expression": expression}
+        body |= {"timezone": timezone, "type": type, "target": target, "payload": payload}
+        body |= {"catch_up": catch_up, **_times(start_at=start_at, end_at=end_at)}
+        if max_attempts is not None:
+            body["max_attempts"] = max_attempts
+        return Schedule.model_validate(self._call("POST", "/schedules", body))
+
+    def get_schedule(self, schedule_id: str) -> Schedule:
+        return Schedule.model_validate(self._call("GET", _schedule_path(schedule_id)))
+
+    def list_schedules(self, *, limit: int | None = None, next: str | None = None) -> SchedulePage:
+        """One page of the caller's schedules, by id."""
+        present = {name: v for name, v in (("limit", limit), ("next", next)) if v is not None}
+        target = "/schedules" + (f"?{urlencode(present)}" if present else "")
+        return SchedulePage.model_validate(self._call("GET", target))
+
+    def upcoming(self, schedule_id: str, count: int = 10) -> Moments:
+        """The schedule's next `count` occurrences after now."""
+        reply = self._call("GET", f"{_schedule_path(schedule_id)}/upcoming?count={count}")
+        return [datetime.fromisoformat(moment) for moment in reply["occurrences"]]
+
+    def update_schedule(self, schedule_id: str, **changes: Any) -> Schedule:
+        """Change any of create_schedule's fields (None clears start_at or end_at)."""
+        for name in ("start_at", "end_at"):
+            if isinstance(changes.get(name), datetime):
+                changes[name] = _when(changes[name])
+        return Schedule.model_validate(self._call("PATCH", _schedule_path(schedule_id), changes))
+
+    def pause_schedule(self, schedule_id: str) -> Schedule:
+        return self.update_schedule(schedule_id, state="PAUSED")
+
+    def resume_schedule(self, schedule_id: str) -> Schedule:
+        return self.update_schedule(schedule_id, state="ENABLED")
+
+    def delete_schedule(self, schedule_id: str) -> Schedule:
+        """Delete a schedule (its unclaimed occurrences are cancelled); it as it was."""
+        return Schedule.model_validate(self._call("DELETE", _schedule_path(schedule_id)))
 
     # -- the wire --------------------------------------------------------------------------
 

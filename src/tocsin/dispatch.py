@@ -42,9 +42,16 @@ class DueTask:
 
     @property
     def member(self) -> str:
-        """The task in an execution name: a requeued task needs a name not yet taken."""
+        """The task in an execution name: a requeued task needs a name not yet taken.
+
+        An occurrence's `.` becomes `_` and a digest of the id follows, so that the name
+        keeps to the characters CloudWatch Logs accepts and no submitted id can take it."""
         again = f"r{self.requeues}" if self.requeues else ""
-        return f"{self.task_id}-v{self.version}{again}"
+        name = self.task_id
+        if "." in name:
+            digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+            name = f"{name.replace('.', '_')}_{digest}"
+        return f"{name}-v{self.version}{again}"
 
     def as_input(self) -> dict[str, Any]:
         return {"task_id": self.task_id, "version": self.version, "due_ms": self.due_ms}

@@ -42,7 +42,13 @@ from tocsin import aws, clock, gate
 from tocsin.dead_letter import send_dead_letter
 from tocsin.errors import PermanentTargetError, TransientTargetError
 from tocsin.index_keys import check_index_keys
-from tocsin.model import DEFAULT_MAX_ATTEMPTS, ID_PATTERN, TaskStatus, TaskType, idempotency_key
+from tocsin.model import (
+    DEFAULT_MAX_ATTEMPTS,
+    TASK_ID_PATTERN,
+    TaskStatus,
+    TaskType,
+    idempotency_key,
+)
 from tocsin.observability import logger, metrics
 from tocsin.settings import settings
 from tocsin.store import TaskStore
@@ -67,7 +73,7 @@ class DeliveryInProgress(Exception):
 
 
 class BatchTask(BaseModel):
-    task_id: str = Field(pattern=ID_PATTERN)
+    task_id: str = Field(pattern=TASK_ID_PATTERN)
     version: int = Field(ge=1)
     due_ms: int
 

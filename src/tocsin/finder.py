@@ -1,5 +1,5 @@
-"""The coarse poll: settle tasks stuck in flight, then find PENDING tasks due within the
-look-ahead and dispatch them.
+"""The coarse poll: settle tasks stuck in flight, turn schedules' occurrences due within the
+look-ahead into tasks, then find PENDING tasks due within the look-ahead and dispatch them.
 
 The due index is sparse (only PENDING tasks carry its keys) and sharded, so a run reads
 what is due, never the whole table; overdue tasks are found too, so none is stranded.
@@ -10,6 +10,7 @@ import time
 
 from tocsin import clock
 from tocsin.dispatch import DueTask, dispatch_all, due_task
+from tocsin.occurrences import materialize_due
 from tocsin.reconcile import reconcile
 from tocsin.settings import Settings
 from tocsin.store import TaskStore
@@ -26,9 +27,12 @@ def find_due(settings: Settings, until_ms: int) -> list[DueTask]:
 
 
 def run_finder(settings: Settings, budget_s: float) -> dict[str, int]:
-    """One finder run: tasks stuck in flight settled (those requeued are due at once), then
-    what is due by now + look-ahead, dispatched within `budget_s`; what each did."""
+    """One finder run: tasks stuck in flight settled (those requeued are due at once),
+    schedules' occurrences made tasks, then what is due by now + look-ahead, dispatched
+    within `budget_s`; what each did."""
     deadline = time.monotonic() + budget_s
     reconciled = reconcile(settings, clock.now_ms())
+    scheduled = materialize_due(settings, clock.now_ms())
     due = find_due(settings, clock.now_ms() + settings.lookahead_s * 1000)
-    return {**dispatch_all(due, settings, deadline).as_dict(), **reconciled.as_dict()}
+    dispatched = dispatch_all(due, settings, deadline).as_dict()
+    return {**dispatched, **reconciled.as_dict(), **scheduled}

@@ -18,9 +18,9 @@ from tocsin import clock
 from tocsin.dispatch import dispatch_if_due_soon, stop_own_execution
 from tocsin.errors import Conflict, InvalidTask, NotFound
 from tocsin.index_keys import due_index_keys
-from tocsin.model import ID_PATTERN, TaskStatus, task_view
+from tocsin.model import SCHEDULE_ID_PATTERN, TASK_ID_PATTERN, TaskStatus, task_view
 from tocsin.settings import Settings
-from tocsin.store import OWNER_INDEX_KEY, TaskStore
+from tocsin.store import OWNER_INDEX_KEY, SCHEDULE_INDEX_KEY, TaskStore
 from tocsin.submit import Timing, invalid, payload_json
 
 MAX_PAGE = 100
@@ -35,6 +35,7 @@ class Listing(BaseModel):
     due_before: AwareDatetime | None = None
     due_after: AwareDatetime | None = None
     limit: int = Field(default=50, ge=1, le=MAX_PAGE)
+    schedule: str | None = Field(default=None, pattern=SCHEDULE_ID_PATTERN)
     next: str | None = Field(default=None, max_length=2048)
 
 
@@ -47,8 +48,8 @@ class Change(Timing):
 
 
 def check_id(task_id: str) -> str:
-    if not re.fullmatch(ID_PATTERN, task_id):
-        raise InvalidTask("id: must match [A-Za-z0-9_-]{1,64}", field="id")
+    if not re.fullmatch(TASK_ID_PATTERN, task_id):
+        raise InvalidTask("id: must match [A-Za-z0-9_.-]{1,64}", field="id")
     return task_id
 
 
@@ -69,26 +70,27 @@ def get_task(task_id: str, owner: str, config: Settings) -> dict[str, Any]:
     return task_view(_owned(TaskStore(config.tasks_table), task_id, owner))
 
 
-def encode_page_key(key: dict[str, Any]) -> str:
+def encode_page_key(key: dict[str, Any], owner: str) -> str:
+    """A `next` token: the index key to resume from, and whose listing it belongs to."""
     plain = {name: int(v) if isinstance(v, Decimal) else v for name, v in key.items()}
-    return base64.urlsafe_b64encode(json.dumps(plain).encode()).decode()
+    return base64.urlsafe_b64encode(json.dumps(plain | {"owner": owner}).encode()).decode()
 
 
-def decode_page_key(token: str, owner: str) -> dict[str, Any]:
-    """The resume key of a `next` token; a token made for another owner is refused."""
+def decode_page_key(token: str, owner: str, names: tuple[str, ...]) -> dict[str, Any]:
+    """The resume key (of an index keyed by `names`) of a `next` token; a token made for
+    another owner or another listing is refused."""
     try:
         key = json.loads(base64.urlsafe_b64decode(token.encode()))
     except (binascii.Error, ValueError, UnicodeDecodeError):
         key = None
     if (
         not isinstance(key, dict)
-        or set(key) != set(OWNER_INDEX_KEY)
+        or set(key) != {*names, "owner"}
         or key["owner"] != owner
-        or not isinstance(key["task_id"], str)
-        or not isinstance(key["due_ms"], int)
+        or not all(isinstance(v, str) or type(v) is int for v in key.values())
     ):
         raise InvalidTask("next: not a token from a previous page of this listing", field="next")
-    return key
+    return {name: key[name] for name in names}
 
 
 def list_tasks(query: dict[str, str], owner: str, config: Settings) -> dict[str, Any]:
@@ -101,13 +103,14 @@ def list_tasks(query: dict[str, str], owner: str, config: Settings) -> dict[str,
     before = clock.to_ms(listing.due_before) if listing.due_before else None
     if after is not None and before is not None and before - after < 2:
         raise InvalidTask("due_before: must be later than due_after", field="due_before")
-    start = decode_page_key(listing.next, owner) if listing.next else None
+    names = SCHEDULE_INDEX_KEY if listing.schedule else OWNER_INDEX_KEY
+    start = decode_page_key(listing.next, owner, names) if listing.next else None
     items, last = TaskStore(config.tasks_table).owned(
-        owner, after, before, listing.status, listing.limit, start
+        owner, after, before, listing.status, listing.limit, start, listing.schedule
     )
     return {
         "tasks": [task_view(item) for item in items],
-        "next": encode_page_key(last) if last else None,
+        "next": encode_page_key(last, owner) if last else None,
     }
 
 

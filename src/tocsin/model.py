@@ -6,7 +6,9 @@ import re
 from enum import StrEnum
 from typing import Any
 
-ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # a submitted task's id
+TASK_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"  # any task's: a schedule's occurrences hold a `.`
+SCHEDULE_ID_PATTERN = r"^[A-Za-z0-9_-]{1,48}$"  # leaves room for `.<due ms>` (tocsin.occurrences)
 DEFAULT_MAX_ATTEMPTS = 3
 MAX_ATTEMPTS_LIMIT = 5  # the executor's backoffs (executor.BACKOFF_S) allow this many
 

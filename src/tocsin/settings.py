@@ -18,6 +18,7 @@ class Settings(BaseModel):
 
     tasks_table: str = Field("", alias="TASKS_TABLE")
     idempotency_table: str = Field("", alias="IDEMPOTENCY_TABLE")
+    schedules_table: str = Field("", alias="SCHEDULES_TABLE")
     state_machine_arn: str = Field("", alias="STATE_MACHINE_ARN")
     lookahead_s: int = Field(180, alias="LOOKAHEAD_SECONDS", ge=1)
     lead_ms: int = Field(2000, alias="LEAD_MS", ge=0)

@@ -14,6 +14,9 @@ from tocsin.model import TaskStatus
 DUE_INDEX = "DispatchIndex"  # PENDING tasks only, by shard and due time
 OWNER_INDEX = "OwnerIndex"
 OWNER_INDEX_KEY = ("task_id", "owner", "due_ms")  # what a page of OwnerIndex resumes from
+SCHEDULE_INDEX = "ScheduleIndex"  # a schedule's occurrences, by due time
+SCHEDULE_INDEX_KEY = ("task_id", "schedule_id", "due_ms")
+LAST_FIRED_LOOKS = 5  # pages of a schedule's latest occurrences read for its last fire
 STATUS_AND_VERSION = {"#s": "status", "#v": "version"}
 
 
@@ -84,13 +87,20 @@ class TaskStore:
         status: TaskStatus | None,
         limit: int,
         start: dict[str, Any] | None,
+        schedule: str | None = None,
     ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-        """Up to `limit` of one owner's tasks, earliest due first (strict bounds), and the key
-        to resume from (None when there are no more)."""
+        """Up to `limit` of one owner's tasks (or one schedule's occurrences), earliest due
+        first (strict bounds), and the key to resume from (None when there are no more)."""
         low = None if due_after_ms is None else due_after_ms + 1
         high = None if due_before_ms is None else due_before_ms - 1
         names, values = {"#o": "owner"}, {":owner": owner}
-        key = "#o = :owner"
+        filters = []
+        if schedule is None:
+            index, key_names, key = OWNER_INDEX, OWNER_INDEX_KEY, "#o = :owner"
+        else:
+            index, key_names, key = SCHEDULE_INDEX, SCHEDULE_INDEX_KEY, "schedule_id = :sid"
+            values[":sid"] = schedule
+            filters.append("#o = :owner")
         if low is not None and high is not None:
             key += " AND due_ms BETWEEN :low AND :high"
         elif low is not None:
@@ -98,17 +108,19 @@ class TaskStore:
         elif high is not None:
             key += " AND due_ms <= :high"
         values.update({name: v for name, v in ((":low", low), (":high", high)) if v is not None})
+        if status is not None:
+            names["#s"] = "status"
+            values[":status"] = status.value
+            filters.append("#s = :status")
         query: dict[str, Any] = {
-            "IndexName": OWNER_INDEX,
+            "IndexName": index,
             "KeyConditionExpression": key,
             "ExpressionAttributeNames": names,
             "ExpressionAttributeValues": values,
             "Limit": limit,
         }
-        if status is not None:
-            names["#s"] = "status"
-            values[":status"] = status.value
-            query["FilterExpression"] = "#s = :status"
+        if filters:
+            query["FilterExpression"] = " AND ".join(filters)
         if start is not None:
             query["ExclusiveStartKey"] = start
         items: list[dict[str, Any]] = []
@@ -118,10 +130,30 @@ class TaskStore:
             more = "LastEvaluatedKey" in page
             if len(items) >= limit and (more or len(items) > limit):
                 items = items[:limit]
-                return items, {name: items[-1][name] for name in OWNER_INDEX_KEY}
+                return items, {name: items[-1][name] for name in key_names}
             if not more:
                 return items, None
             query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    def last_fired(self, schedule_id: str, owner: str) -> str | None:
+        """When the schedule's latest fired occurrence fired, from its newest few."""
+        query: dict[str, Any] = {
+            "IndexName": SCHEDULE_INDEX,
+            "KeyConditionExpression": "schedule_id = :sid",
+            "FilterExpression": "#o = :owner AND attribute_exists(fired_at)",
+            "ExpressionAttributeNames": {"#o": "owner"},
+            "ExpressionAttributeValues": {":sid": schedule_id, ":owner": owner},
+            "ScanIndexForward": False,
+            "Limit": 50,
+        }
+        for _ in range(LAST_FIRED_LOOKS):
+            page = self._table.query(**query)
+            if page.get("Items"):
+                return max(str(item["fired_at"]) for item in page["Items"])
+            if "LastEvaluatedKey" not in page:
+                return None
+            query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        return None
 
     def cancel(self, task_id: str, owner: str, now_iso: str) -> dict[str, Any] | None:
         """CANCELLED if the owner's task is not claimed yet; the task, or None if it was not."""

@@ -14,12 +14,12 @@ from typing import Annotated, Any
 from pydantic import (
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     JsonValue,
     ValidationError,
     WithJsonSchema,
-    field_validator,
 )
 
 from tocsin import clock
@@ -48,24 +48,26 @@ DELAY_SCHEMA = {
 }
 
 
+def _text_only(value: object) -> object:
+    """A number is not a time: pydantic would read `12345` as epoch seconds, in 1970."""
+    if value is not None and not isinstance(value, str):
+        raise ValueError("must be an ISO-8601 string with a time zone")
+    return value
+
+
+IsoTime = Annotated[AwareDatetime, BeforeValidator(_text_only)]
+
+
 class Timing(BaseModel):
     """When a task is due: an absolute `due_at`, or a `delay` after the request (or event)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    due_at: AwareDatetime | None = None
+    due_at: IsoTime | None = None
     # Seconds, or an ISO-8601 duration; the document says both (pydantic's says a string).
     delay: Annotated[timedelta | None, WithJsonSchema(DELAY_SCHEMA)] = Field(
         default=None, ge=timedelta(0)
     )
-
-    @field_validator("due_at", mode="before")
-    @classmethod
-    def _text_only(cls, value: object) -> object:
-        """A number is not a time: pydantic would read `12345` as epoch seconds, in 1970."""
-        if value is not None and not isinstance(value, str):
-            raise ValueError("must be an ISO-8601 string with a time zone")
-        return value
 
     def due_ms(self, base_ms: int, now_ms: int, config: Settings) -> int:
         """The due time in epoch ms; raises InvalidTask if absent, doubled, beyond the
@@ -116,6 +118,45 @@ def payload_json(payload: JsonValue) -> str:
     return encoded
 
 
+def checked_content(
+    task_type: TaskType, target: dict[str, Any], payload: JsonValue
+) -> tuple[str, str]:
+    """A task's target and payload as stored; InvalidTask naming the field at fault."""
+    try:
+        parsed = parse_target(task_type, target)
+    except ValidationError as error:
+        raise invalid(error, "target") from None
+    return parsed.model_dump_json(), payload_json(payload)
+
+
+def task_item(
+    task_id: str,
+    due_ms: int,
+    task_type: TaskType,
+    content: tuple[str, str],
+    max_attempts: int,
+    owner: str,
+    now_ms: int,
+    config: Settings,
+) -> dict[str, Any]:
+    """A PENDING task's item, in the finder's due index; `content` is (target, payload)."""
+    target_json, stored_payload = content
+    return {
+        "task_id": task_id,
+        "version": 1,
+        "status": TaskStatus.PENDING.value,
+        "due_at": clock.to_iso(due_ms),
+        "due_ms": due_ms,
+        "task_type": task_type.value,
+        "target": target_json,
+        "payload": stored_payload,
+        "max_attempts": max_attempts,
+        "owner": owner,
+        "created_at": clock.to_iso(now_ms),
+        **due_index_keys(task_id, due_ms, config),
+    }
+
+
 def new_item(
     body: Any, owner: str, now_ms: int, config: Settings, base_ms: int | None = None
 ) -> dict[str, Any]:
@@ -128,36 +169,18 @@ def new_item(
     except ValidationError as error:
         raise invalid(error) from None
     due_ms = submission.due_ms(base_ms if base_ms is not None else now_ms, now_ms, config)
-    try:
-        target = parse_target(submission.type, submission.target)
-    except ValidationError as error:
-        raise invalid(error, "target") from None
-    stored_payload = payload_json(submission.payload)
-    target_json = target.model_dump_json()
+    content = checked_content(submission.type, submission.target, submission.payload)
     task_id = submission.id or uuid.uuid4().hex
     # What the caller asked for (a delay, not the time it resolved to), so a retried
     # request is recognised as the same one.
     asked = [clock.to_ms(submission.due_at)] if submission.due_at else [str(submission.delay)]
     body_hash = hashlib.sha256(
-        json.dumps(
-            [owner, *asked, submission.type, target_json, stored_payload, submission.max_attempts]
-        ).encode()
+        json.dumps([owner, *asked, submission.type, *content, submission.max_attempts]).encode()
     ).hexdigest()
-    return {
-        "task_id": task_id,
-        "version": 1,
-        "status": TaskStatus.PENDING.value,
-        "due_at": clock.to_iso(due_ms),
-        "due_ms": due_ms,
-        "task_type": submission.type.value,
-        "target": target_json,
-        "payload": stored_payload,
-        "max_attempts": submission.max_attempts,
-        "owner": owner,
-        "body_hash": body_hash,
-        "created_at": clock.to_iso(now_ms),
-        **due_index_keys(task_id, due_ms, config),
-    }
+    item = task_item(
+        task_id, due_ms, submission.type, content, submission.max_attempts, owner, now_ms, config
+    )
+    return {**item, "body_hash": body_hash}
 
 
 def submit_task(

@@ -7,8 +7,10 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -181,3 +183,74 @@ def test_readme_python_example_runs(runtime, api_url):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "CANCELLED" in done.stdout
+
+
+def test_readme_schedule_example_runs(runtime, api_url):
+    env = {**os.environ, "TOCSIN_URL": api_url, "TOCSIN_PRINCIPAL": "alice"}
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", readme_example("schedule")],
+        env=env, capture_output=True, text=True, timeout=60, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    # 09:00 in Berlin: 08:00Z in winter, 07:00Z in summer
+    assert len(re.findall(r"T0[78]:00:00\.000\+00:00", done.stdout)) == 3
+
+
+def test_client_and_cli_cover_every_schedule_endpoint(api_url, capsys):
+    alice = Client(api_url, principal="alice")
+    topic = {"topic_arn": "arn:aws:sns:us-east-1:123456789012:alerts"}
+    daily = alice.create_schedule(
+        id="daily",
+        expression="cron(0 9 ? * MON-FRI *)",
+        timezone="Europe/Berlin",
+        type="sns",
+        target=topic,
+        payload={"report": 1},
+    )
+    assert daily.state == "ENABLED" and daily.next_due_at is not None
+    assert alice.get_schedule("daily") == daily.model_copy(update={"last_fired_at": None})
+    upcoming = alice.upcoming("daily", 3)
+    assert upcoming[0] == daily.next_due_at and len(upcoming) == 3
+    berlin = [moment.astimezone(ZoneInfo("Europe/Berlin")) for moment in upcoming]
+    assert all(moment.weekday() < 5 and moment.hour == 9 for moment in berlin)
+    assert alice.pause_schedule("daily").state == "PAUSED"
+    resumed = alice.resume_schedule("daily")
+    assert resumed.state == "ENABLED" and resumed.revision == 3
+    moved = alice.update_schedule("daily", expression="cron(30 9 ? * MON-FRI *)")
+    assert moved.next_due_at is not None and moved.next_due_at.minute == 30
+    assert [s.id for s in alice.list_schedules().schedules] == ["daily"]
+    assert alice.list(schedule="daily").tasks == []  # far ahead: no occurrence is a task yet
+    with pytest.raises(InvalidRequest) as refused:
+        alice.create_schedule(expression="rate(0 minutes)", type="sns", target=topic)
+    assert refused.value.field == "expression"
+    with pytest.raises(NotFound):
+        Client(api_url, principal="bob").get_schedule("daily")
+    assert alice.delete_schedule("daily").id == "daily"
+    with pytest.raises(NotFound):
+        alice.get_schedule("daily")
+
+    common = ["--url", api_url, "--principal", "alice"]
+    code, out, _ = run_cli(
+        capsys, "schedule", "create", *common, "--id", "cli-s", "--expression",
+        "rate(1 hour)", "--type", "sns", "--target", json.dumps(topic), "--json",
+    )  # fmt: skip
+    assert code == 0 and json.loads(out.splitlines()[-1])["state"] == "ENABLED"
+    code, out, _ = run_cli(capsys, "schedule", "upcoming", "cli-s", *common, "--count", "2")
+    first, second = (datetime.fromisoformat(line) for line in out.split())
+    assert code == 0 and second - first == timedelta(hours=1)
+    code, out, _ = run_cli(capsys, "schedule", "pause", "cli-s", *common, "--json")
+    assert code == 0 and json.loads(out)["state"] == "PAUSED"
+    code, out, _ = run_cli(capsys, "schedule", "list", *common)
+    assert code == 0 and "cli-s" in out and "PAUSED" in out
+    code, out, _ = run_cli(
+        capsys, "schedule", "update", "cli-s", *common, "--timezone", "Asia/Tokyo"
+    )
+    assert code == 0 and "Asia/Tokyo" in out
+    code, _, err = run_cli(
+        capsys, "schedule", "update", "cli-s", *common, "--expression", "cron(0 9 * * ?)"
+    )
+    assert code == 1 and "field: expression" in err and "needs 6" in err
+    code, out, _ = run_cli(capsys, "schedule", "delete", "cli-s", *common)
+    assert code == 0
+    code, _, err = run_cli(capsys, "schedule", "get", "cli-s", *common)
+    assert code == 1 and "404" in err

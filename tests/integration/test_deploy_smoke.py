@@ -18,6 +18,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from tocsin.api import openapi_document
 from tocsin.local.runtime import PROCESS_ENVIRONMENT, STACK_NAME, create_stack, translate
 
 BUILT = Path(__file__).parents[2] / ".aws-sam" / "build" / "template.yaml"
@@ -93,7 +94,25 @@ def test_the_tasks_table_has_its_indexes_and_ttl(deployed):
         "NonKeyAttributes": ["version", "task_type", "requeues"],
     }
     assert [k["AttributeName"] for k in indexes["OwnerIndex"]["KeySchema"]] == ["owner", "due_ms"]
+    assert [k["AttributeName"] for k in indexes["ScheduleIndex"]["KeySchema"]] == [
+        "schedule_id",
+        "due_ms",
+    ]
     assert table["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
+
+
+def test_the_schedules_table_has_its_indexes(deployed):
+    _, physical = deployed
+    table = boto3.client("dynamodb").describe_table(TableName=physical["SchedulesTable"])["Table"]
+    indexes = {i["IndexName"]: i for i in table["GlobalSecondaryIndexes"]}
+    assert [k["AttributeName"] for k in indexes["DueIndex"]["KeySchema"]] == [
+        "gsi_pk",
+        "gsi_next_ms",
+    ]
+    assert [k["AttributeName"] for k in indexes["OwnerIndex"]["KeySchema"]] == [
+        "owner",
+        "schedule_id",
+    ]
 
 
 def test_every_function_exists_on_python_313_with_the_layer(deployed):
@@ -104,6 +123,7 @@ def test_every_function_exists_on_python_313_with_the_layer(deployed):
         assert config["Runtime"] == "python3.13" and config["Handler"] == "app.handler"
         environment = config["Environment"]["Variables"]
         assert environment["TASKS_TABLE"] == physical["TasksTable"], logical_id
+        assert environment["SCHEDULES_TABLE"] == physical["SchedulesTable"], logical_id
         assert environment["POWERTOOLS_METRICS_NAMESPACE"] == "Tocsin"
 
 
@@ -161,7 +181,8 @@ def test_what_moto_cannot_create_is_in_the_translated_template(deployed):
     resources = template["Resources"]
     [api] = [r for r in resources.values() if r["Type"] == "AWS::ApiGatewayV2::Api"]
     routes = api["Properties"]["Body"]["paths"]
-    assert set(routes) == {"/tasks", "/tasks/{id}"}
+    assert set(routes) == set(openapi_document()["paths"])  # every route the API declares
+    assert {"/tasks", "/schedules/{id}/upcoming"} <= set(routes)
     for path, methods in routes.items():
         for method, operation in methods.items():
             assert operation["security"] == [{"AWS_IAM": []}], (path, method)
@@ -182,7 +203,7 @@ def test_what_moto_cannot_create_is_in_the_translated_template(deployed):
 
 def test_what_moto_ignores_is_set_in_the_translated_template(deployed):
     resources = deployed[0]["Resources"]
-    for table in ("TasksTable", "IdempotencyTable"):
+    for table in ("TasksTable", "IdempotencyTable", "SchedulesTable"):
         properties = resources[table]["Properties"]
         assert properties["PointInTimeRecoverySpecification"] == {
             "PointInTimeRecoveryEnabled": True

@@ -1,6 +1,7 @@
 """Due tasks are packed by type and window into batches, whose input stays small."""
 
 import json
+import re
 
 from tocsin.dispatch import Batch, DueTask, execution_input, pack
 from tocsin.model import TaskType
@@ -56,3 +57,14 @@ def test_the_largest_batch_of_the_longest_ids_stays_far_inside_the_state_limit()
     assert len(name) <= 80 and name.replace("-", "").replace("_", "").isalnum()
     given = json.dumps(execution_input(batch, Settings()))
     assert len(given.encode()) < 128 * 1024  # Step Functions' state is 256 KB at most
+
+
+def test_an_occurrence_is_named_in_the_characters_cloudwatch_logs_accepts():
+    """A schedule's occurrence id holds a `.`; its execution name does not, and no id a
+    caller may submit (no `.`) takes the same name."""
+    occurrence = Batch((DueTask(1000, "tick.1795596423182", 1, TaskType.SQS),))
+    lookalike = Batch((DueTask(1000, "tick_1795596423182", 1, TaskType.SQS),))
+    assert re.fullmatch(r"[A-Za-z0-9_-]{1,80}", occurrence.execution_name)
+    assert occurrence.execution_name != lookalike.execution_name
+    longest = Batch((DueTask(1000, f"{'s' * 48}.{1795596423182}", 2, TaskType.SQS, 9),))
+    assert len(longest.execution_name) <= 80

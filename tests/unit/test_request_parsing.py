@@ -8,6 +8,7 @@ from tocsin.cli import when
 from tocsin.errors import InvalidTask
 from tocsin.lifecycle import decode_page_key, encode_page_key
 from tocsin.model import owner_id
+from tocsin.store import OWNER_INDEX_KEY, SCHEDULE_INDEX_KEY
 
 
 @pytest.mark.parametrize(
@@ -67,9 +68,18 @@ def test_two_principals_are_two_owners(first, second):
 
 def test_page_tokens_round_trip_for_their_owner_only():
     key = {"task_id": "t-1", "owner": "alice", "due_ms": 1_800_000_000_000}
-    token = encode_page_key(key)
-    assert decode_page_key(token, "alice") == key
-    for bad_token, owner in ((token, "bob"), ("!!", "alice"), (encode_page_key({"a": 1}), "alice")):
+    token = encode_page_key(key, "alice")
+    assert decode_page_key(token, "alice", OWNER_INDEX_KEY) == key
+    occurrence = {"task_id": "s.1", "schedule_id": "s", "due_ms": 1}
+    by_schedule = encode_page_key(occurrence, "alice")
+    assert decode_page_key(by_schedule, "alice", SCHEDULE_INDEX_KEY) == occurrence
+    for bad_token, owner, names in (
+        (token, "bob", OWNER_INDEX_KEY),
+        ("!!", "alice", OWNER_INDEX_KEY),
+        (encode_page_key({"a": 1}, "alice"), "alice", OWNER_INDEX_KEY),
+        (by_schedule, "bob", SCHEDULE_INDEX_KEY),
+        (by_schedule, "alice", OWNER_INDEX_KEY),  # a token of another listing
+    ):
         with pytest.raises(InvalidTask) as refused:
-            decode_page_key(bad_token, owner)
+            decode_page_key(bad_token, owner, names)
         assert refused.value.field == "next"

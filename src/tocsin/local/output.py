@@ -33,6 +33,24 @@ def print_page(page: Any) -> None:
         _console.print(f"more: --next {page.next}")
 
 
+def print_schedules(page: Any) -> None:
+    table = Table("id", "state", "expression", "timezone", "next due", "occurrences", "missed")
+    for schedule in page.schedules:
+        next_due = schedule.next_due_at
+        table.add_row(
+            schedule.id,
+            schedule.state,
+            schedule.expression,
+            schedule.timezone,
+            "" if next_due is None else next_due.isoformat(timespec="milliseconds"),
+            str(schedule.occurrences),
+            str(schedule.missed),
+        )
+    _console.print(table)
+    if page.next:
+        _console.print(f"more: --next {page.next}")
+
+
 def print_redrive(report: Any) -> None:
     table = Table("task", "version", "outcome")
     for task_id, version, outcome in report.tasks:

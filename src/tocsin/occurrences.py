@@ -1,0 +1,177 @@
+"""A schedule's occurrences turned into tasks, one at a time, as their time comes near.
+
+The finder (and the API, for a schedule it has just created, edited or resumed) turns every
+occurrence due within the look-ahead into a task with a deterministic id,
+`<schedule id>.<due ms>` (a `.` no submitted task id may hold), each in one transaction with
+the schedule's advance (tocsin.schedule_store). Occurrences further in the past than a
+second when reached were missed (nothing ran): `catch_up` skips them, or fires the latest
+at once. After an edit, a pause or a delete, the unclaimed tasks an older revision made
+are cancelled; the occurrences the new revision shares with them are rewritten in place.
+"""
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from tocsin import clock
+from tocsin.dispatch import stop_own_execution
+from tocsin.model import TaskType
+from tocsin.observability import logger
+from tocsin.recurrence import Occurrences, parse
+from tocsin.schedule_store import ScheduleState, ScheduleStore, Turned
+from tocsin.settings import Settings
+from tocsin.submit import task_item
+
+MISSED_AFTER_MS = 1000  # an occurrence this far in the past when reached was missed
+MAX_MISSED_COUNTED = 100_000  # occurrences counted in one catch-up (a day of rate(1 second))
+MAX_STEPS = 10_000  # occurrences and rereads in one schedule's turn: a bound, never met
+
+
+def occurrence_id(schedule_id: str, due_ms: int) -> str:
+    return f"{schedule_id}.{due_ms}"
+
+
+def occurrences_of(schedule: dict[str, Any]) -> Occurrences:
+    """The stored schedule's rule within its start and end."""
+    rule = parse(schedule["expression"], schedule["timezone"], int(schedule["anchor_ms"]))
+    start, end = schedule.get("start_ms"), schedule.get("end_ms")
+    return Occurrences(
+        rule, None if start is None else int(start), None if end is None else int(end)
+    )
+
+
+def occurrence_task(
+    schedule: dict[str, Any], due_ms: int, now_ms: int, config: Settings
+) -> dict[str, Any]:
+    task_id = occurrence_id(schedule["schedule_id"], due_ms)
+    content = schedule["target"], schedule["payload"]
+    task_type, attempts = TaskType(schedule["task_type"]), int(schedule["max_attempts"])
+    item = task_item(
+        task_id, due_ms, task_type, content, attempts, schedule["owner"], now_ms, config
+    )
+    return {
+        **item,
+        "schedule_id": schedule["schedule_id"],
+        "schedule_revision": schedule["revision"],
+    }
+
+
+def materialize(
+    store: ScheduleStore,
+    schedule: dict[str, Any] | None,
+    config: Settings,
+    now_ms: int,
+    until_ms: int,
+) -> list[str]:
+    """Turn the schedule's occurrences due by `until_ms` into tasks; the ids written."""
+    written: list[str] = []
+    for _ in range(MAX_STEPS):
+        if schedule is None or schedule["state"] != ScheduleState.ENABLED:
+            break
+        due = int(schedule["next_ms"])
+        if due > until_ms:
+            break
+        occurrences = occurrences_of(schedule)
+        if due < now_ms - MISSED_AFTER_MS:
+            turned, task_id, next_ms = _catch_up(store, schedule, occurrences, now_ms, config)
+        else:
+            task = occurrence_task(schedule, due, now_ms, config)
+            next_ms = occurrences.first_from(due + 1)
+            turned, task_id = store.turn_into_task(schedule, task, next_ms, 0), task["task_id"]
+        if turned is Turned.CHANGED:
+            schedule = store.get(schedule["schedule_id"])
+            continue
+        if turned is Turned.TASK:
+            written.append(task_id)
+        schedule = _advanced(schedule, next_ms)
+    return written
+
+
+def _advanced(schedule: dict[str, Any], next_ms: int | None) -> dict[str, Any]:
+    """The schedule as the advance left it (what a read would give, without the read)."""
+    if next_ms is None:
+        return {**schedule, "state": ScheduleState.COMPLETED.value}
+    return {**schedule, "next_ms": next_ms}
+
+
+def _catch_up(
+    store: ScheduleStore,
+    schedule: dict[str, Any],
+    occurrences: Occurrences,
+    now_ms: int,
+    config: Settings,
+) -> tuple[Turned, str, int | None]:
+    """Past the occurrences missed while nothing ran: skipped, or the latest made a task
+    (due at its own time, so it fires at once and shows how late it is)."""
+    cutoff = now_ms - MISSED_AFTER_MS
+    missed = list(_until(occurrences, int(schedule["next_ms"]), cutoff))
+    resume = occurrences.first_from(cutoff)
+    logger.info("missed", schedule_id=schedule["schedule_id"], occurrences=len(missed))
+    if schedule.get("catch_up") != "latest":
+        turned = Turned.TAKEN if store.advance(schedule, resume, len(missed)) else Turned.CHANGED
+        return turned, "", resume
+    latest = _latest_before(occurrences, missed[-1], cutoff)
+    task = occurrence_task(schedule, latest, now_ms, config)
+    turned = store.turn_into_task(schedule, task, resume, len(missed) - 1)
+    return turned, task["task_id"], resume
+
+
+def _until(occurrences: Occurrences, first: int, cutoff: int) -> Iterator[int]:
+    """Occurrences from `first` (one) to before `cutoff`, at most MAX_MISSED_COUNTED."""
+    moment: int | None = first
+    for _ in range(MAX_MISSED_COUNTED):
+        if moment is None or moment >= cutoff:
+            return
+        yield moment
+        moment = occurrences.first_from(moment + 1)
+
+
+def _latest_before(occurrences: Occurrences, known: int, cutoff: int) -> int:
+    """The last occurrence before `cutoff`, from one known before it (a bisection, for a
+    catch-up longer than the occurrences counted)."""
+    low, high = known, cutoff
+    while high - low > 1:
+        middle = (low + high) // 2
+        found = occurrences.first_from(middle)
+        if found is not None and found < cutoff:
+            low = found
+        else:
+            high = middle
+    return low
+
+
+def cancel_leftovers(
+    store: ScheduleStore,
+    before: dict[str, Any],
+    revision: int,
+    config: Settings,
+) -> int:
+    """Cancel the unclaimed tasks the schedule as it was (`before`) made for occurrences
+    from now on, unless a revision up to `revision` rewrote them; how many."""
+    now = clock.now_ms()
+    until = int(before.get("next_ms", now + config.lookahead_s * 1000))
+    occurrences = occurrences_of(before)
+    cancelled = 0
+    for due in _until(occurrences, occurrences.first_from(now) or until, until):
+        task = store.cancel_occurrence(
+            occurrence_id(before["schedule_id"], due), revision, clock.to_iso(now)
+        )
+        if task is not None:
+            stop_own_execution(task, "its schedule changed")
+            cancelled += 1
+    return cancelled
+
+
+def materialize_due(config: Settings, now_ms: int) -> dict[str, int]:
+    """The finder's step: every ENABLED schedule with an occurrence within the look-ahead
+    turns it into tasks (each schedule on its own thread); what was done."""
+    store = ScheduleStore(config.schedules_table, config.tasks_table)
+    until = now_ms + config.lookahead_s * 1000
+    ids = [sid for shard in range(config.shards) for sid in store.due(str(shard), until)]
+
+    def one(schedule_id: str) -> int:
+        return len(materialize(store, store.get(schedule_id), config, now_ms, until))
+
+    with ThreadPoolExecutor(max_workers=config.dispatch_workers) as pool:
+        written = sum(pool.map(one, ids))
+    return {"schedules_due": len(ids), "occurrences_made": written}

@@ -1,0 +1,262 @@
+"""The Schedules table, and the one write that spans it and the Tasks table.
+
+A schedule's `revision` counts its edits and `next_ms` is its next occurrence not yet a
+task. An occurrence becomes a task in one transaction with the schedule's advance, both
+conditional: the schedule still at the revision and `next_ms` that were read, and the task
+new (or an unclaimed occurrence of an older revision, replaced as its next version). Two
+finders, a retried write or an edit racing the finder therefore give one task per
+occurrence, and nothing is half-written.
+"""
+
+from collections.abc import Iterator
+from enum import StrEnum
+from typing import Any
+
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+
+from tocsin import aws
+from tocsin.model import TaskStatus
+
+SCHEDULE_DUE_INDEX = "DueIndex"  # ENABLED schedules only, by shard and next occurrence
+SCHEDULE_OWNER_INDEX = "OwnerIndex"
+SCHEDULE_PAGE_KEY = ("schedule_id", "owner")  # what a page of OwnerIndex resumes from
+
+_serialize = TypeSerializer().serialize
+_deserialize = TypeDeserializer().deserialize
+
+
+class ScheduleState(StrEnum):
+    ENABLED = "ENABLED"
+    PAUSED = "PAUSED"
+    COMPLETED = "COMPLETED"
+
+
+class Turned(StrEnum):
+    """What became of one occurrence."""
+
+    TASK = "task"  # the task was written and the schedule advanced
+    TAKEN = "taken"  # its task exists already, claimed or finished or cancelled: advanced only
+    CHANGED = "changed"  # the schedule changed meanwhile: read it again
+
+
+class ScheduleStore:
+    def __init__(self, schedules_table: str, tasks_table: str):
+        self._tables = schedules_table, tasks_table
+        self._table = aws.resource("dynamodb").Table(schedules_table)
+        # The resource's own client converts values itself; the transaction and the writes
+        # beside it are spelled in DynamoDB's typed form, so they go through a plain client.
+        self._client = aws.client("dynamodb")
+        self._conditional_failed = (
+            self._table.meta.client.exceptions.ConditionalCheckFailedException
+        )
+        self._write_refused = self._client.exceptions.ConditionalCheckFailedException
+        self._cancelled = self._client.exceptions.TransactionCanceledException
+
+    def create(self, item: dict[str, Any]) -> dict[str, Any] | None:
+        """Write a new schedule; if the id is taken, the schedule already there instead."""
+        try:
+            self._table.put_item(Item=item, ConditionExpression="attribute_not_exists(schedule_id)")
+        except self._conditional_failed:
+            return self.get(item["schedule_id"])
+        return None
+
+    def get(self, schedule_id: str) -> dict[str, Any] | None:
+        reply = self._table.get_item(Key={"schedule_id": schedule_id}, ConsistentRead=True)
+        return reply.get("Item")
+
+    def replace(self, item: dict[str, Any], revision: int) -> dict[str, Any] | None:
+        """Write an edited schedule over the one read at `revision`: the schedule as it was
+        just before (a finder may have advanced it meanwhile), or None if it changed."""
+        try:
+            reply = self._table.put_item(
+                Item=item,
+                ConditionExpression="revision = :seen AND #o = :owner",
+                ExpressionAttributeNames={"#o": "owner"},
+                ExpressionAttributeValues={":seen": revision, ":owner": item["owner"]},
+                ReturnValues="ALL_OLD",
+            )
+        except self._conditional_failed:
+            return None
+        return reply["Attributes"]
+
+    def delete(self, schedule_id: str, owner: str) -> dict[str, Any] | None:
+        """Delete the owner's schedule; what it was, or None if there was none."""
+        try:
+            reply = self._table.delete_item(
+                Key={"schedule_id": schedule_id},
+                ConditionExpression="#o = :owner",
+                ExpressionAttributeNames={"#o": "owner"},
+                ExpressionAttributeValues={":owner": owner},
+                ReturnValues="ALL_OLD",
+            )
+        except self._conditional_failed:
+            return None
+        return reply.get("Attributes")
+
+    def owned(
+        self, owner: str, limit: int, start: dict[str, Any] | None
+    ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        """Up to `limit` of one owner's schedules by id, and the key to resume from."""
+        query: dict[str, Any] = {
+            "IndexName": SCHEDULE_OWNER_INDEX,
+            "KeyConditionExpression": "#o = :owner",
+            "ExpressionAttributeNames": {"#o": "owner"},
+            "ExpressionAttributeValues": {":owner": owner},
+            "Limit": limit,
+        }
+        if start is not None:
+            query["ExclusiveStartKey"] = start
+        page = self._table.query(**query)
+        items = page.get("Items", [])
+        last = page.get("LastEvaluatedKey")
+        return items, ({name: last[name] for name in SCHEDULE_PAGE_KEY} if last else None)
+
+    def due(self, shard: str, until_ms: int) -> Iterator[str]:
+        """Ids of one shard's ENABLED schedules whose next occurrence is by `until_ms`."""
+        request: dict[str, Any] = {
+            "IndexName": SCHEDULE_DUE_INDEX,
+            "KeyConditionExpression": "gsi_pk = :shard AND gsi_next_ms <= :until",
+            "ExpressionAttributeValues": {":shard": shard, ":until": until_ms},
+        }
+        while True:
+            page = self._table.query(**request)
+            yield from (item["schedule_id"] for item in page.get("Items", []))
+            if "LastEvaluatedKey" not in page:
+                return
+            request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    def advance(self, schedule: dict[str, Any], next_ms: int | None, missed: int = 0) -> bool:
+        """Move the schedule past occurrences that make no task (taken, or missed and
+        skipped); False if it changed since it was read."""
+        try:
+            self._client.update_item(
+                TableName=self._tables[0], **_advance(schedule, next_ms, 0, missed)
+            )
+        except self._write_refused:
+            return False
+        return True
+
+    def turn_into_task(
+        self, schedule: dict[str, Any], task: dict[str, Any], next_ms: int | None, missed: int
+    ) -> Turned:
+        """Write the occurrence's task and advance the schedule to `next_ms`, in one."""
+        write = {"TableName": self._tables[1], **_upsert_occurrence(task)}
+        move = {"TableName": self._tables[0], **_advance(schedule, next_ms, 1, missed)}
+        try:
+            self._client.transact_write_items(TransactItems=[{"Update": write}, {"Update": move}])
+        except self._cancelled as error:
+            task_reason, schedule_reason = (
+                reason.get("Code") for reason in error.response["CancellationReasons"]
+            )
+            taken = schedule_reason == "None" and task_reason == "ConditionalCheckFailed"
+            if taken and self.advance(schedule, next_ms, missed):
+                return Turned.TAKEN
+            return Turned.CHANGED  # the schedule moved, or another write was in progress
+        return Turned.TASK
+
+    def cancel_occurrence(self, task_id: str, revision: int, now_iso: str) -> dict[str, Any] | None:
+        """CANCELLED, if still unclaimed and made by an older revision of its schedule (or by
+        any, with `revision` above every one): the task, or None if it was not."""
+        try:
+            reply = self._client.update_item(
+                TableName=self._tables[1],
+                Key={"task_id": _serialize(task_id)},
+                UpdateExpression="SET #s = :cancelled, updated_at = :now REMOVE gsi_pk, gsi_due_ms",
+                ConditionExpression="schedule_revision < :rev AND #s IN (:pending, :scheduled)",
+                ExpressionAttributeNames={"#s": "status"},
+                ExpressionAttributeValues=_values(
+                    {
+                        ":cancelled": TaskStatus.CANCELLED.value,
+                        ":now": now_iso,
+                        ":rev": revision,
+                        ":pending": TaskStatus.PENDING.value,
+                        ":scheduled": TaskStatus.SCHEDULED.value,
+                    }
+                ),
+                ReturnValues="ALL_NEW",
+            )
+        except self._write_refused:
+            return None
+        return {name: _deserialize(value) for name, value in reply["Attributes"].items()}
+
+
+def _values(values: dict[str, Any]) -> dict[str, Any]:
+    return {name: _serialize(value) for name, value in values.items()}
+
+
+def _advance(
+    schedule: dict[str, Any], next_ms: int | None, made: int, missed: int
+) -> dict[str, Any]:
+    """The conditional update that moves a schedule read at (revision, next_ms) onwards."""
+    values: dict[str, Any] = {
+        ":rev": schedule["revision"],
+        ":seen": schedule["next_ms"],
+        ":made": made,
+        ":missed": missed,
+        ":zero": 0,
+    }
+    counts = (
+        "occurrences = if_not_exists(occurrences, :zero) + :made, "
+        "missed = if_not_exists(missed, :zero) + :missed"
+    )
+    if next_ms is None:
+        update = f"SET #st = :completed, {counts} REMOVE next_ms, gsi_pk, gsi_next_ms"
+        values[":completed"] = ScheduleState.COMPLETED.value
+    else:
+        update = f"SET next_ms = :next, gsi_next_ms = :next, {counts}"
+        values[":next"] = next_ms
+    return {
+        "Key": {"schedule_id": _serialize(schedule["schedule_id"])},
+        "UpdateExpression": update,
+        "ConditionExpression": "revision = :rev AND next_ms = :seen",
+        "ExpressionAttributeValues": _values(values),
+        **({"ExpressionAttributeNames": {"#st": "state"}} if next_ms is None else {}),
+    }
+
+
+# What an occurrence's task carries beyond its key; a replaced one keeps its created_at.
+_OCCURRENCE_FIELDS = (
+    "due_at",
+    "due_ms",
+    "task_type",
+    "target",
+    "payload",
+    "max_attempts",
+    "owner",
+    "schedule_id",
+    "schedule_revision",
+    "gsi_pk",
+    "gsi_due_ms",
+)
+
+
+def _upsert_occurrence(task: dict[str, Any]) -> dict[str, Any]:
+    """The occurrence's task written new (version 1), or over an unclaimed task of an older
+    revision as its next version: that version's execution then fails its claim."""
+    names = {f"#a{i}": name for i, name in enumerate(_OCCURRENCE_FIELDS)}
+    sets = ", ".join(f"#a{i} = :a{i}" for i in range(len(_OCCURRENCE_FIELDS)))
+    values = {f":a{i}": task[name] for i, name in enumerate(_OCCURRENCE_FIELDS)}
+    return {
+        "Key": {"task_id": _serialize(task["task_id"])},
+        "UpdateExpression": (
+            f"SET #v = if_not_exists(#v, :zero) + :one, #s = :pending, {sets}, "
+            "created_at = if_not_exists(created_at, :now) "
+            "REMOVE execution_arn, claimed_by, requeues"
+        ),
+        "ConditionExpression": (
+            "attribute_not_exists(task_id) OR "
+            "(schedule_revision < :rev AND #s IN (:pending, :scheduled))"
+        ),
+        "ExpressionAttributeNames": {"#v": "version", "#s": "status", **names},
+        "ExpressionAttributeValues": _values(
+            {
+                ":zero": 0,
+                ":one": 1,
+                ":pending": TaskStatus.PENDING.value,
+                ":scheduled": TaskStatus.SCHEDULED.value,
+                ":now": task["created_at"],
+                ":rev": task["schedule_revision"],
+                **values,
+            }
+        ),
+    }

@@ -1,0 +1,299 @@
+"""Recurring schedules through the real API handler, finder, state machine and executors on
+the embedded runtime: occurrences fire once each, never early, at their milliseconds; edits,
+pauses, resumes and deletes take effect on occurrences already made tasks; racing finders
+and failed or ambiguous writes still make one task per occurrence."""
+
+import json
+import threading
+import time
+from collections import Counter
+from datetime import datetime
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from tests.conftest import free_port, serve, stop, stored, wait_for_status
+from tocsin import Client, clock
+from tocsin.local.dynamodb_process import Fault
+from tocsin.local.server import api_event
+from tocsin.occurrences import materialize_due
+from tocsin.settings import settings
+
+RATE_MS = 2000
+EVENTS = Path(__file__).parents[2] / "events"
+
+
+def call(runtime, method: str, target: str, body: Any = None, principal: str = "alice"):
+    raw = None if body is None else json.dumps(body)
+    reply = runtime.invoke("ApiFunction", api_event(method, target, raw, principal))
+    return reply["statusCode"], json.loads(reply["body"])
+
+
+def every_two_seconds(url: str, start_ms: int, schedule_id: str = "tick", **changes: Any):
+    return {
+        "id": schedule_id,
+        "expression": "rate(2 seconds)",
+        "start_at": clock.to_iso(start_ms),
+        "type": "webhook",
+        "target": {"url": url},
+        "payload": {"n": 1},
+        **changes,
+    }
+
+
+def occurrences(runtime, schedule_id: str, principal: str = "alice") -> list[dict]:
+    status, page = call(runtime, "GET", f"/tasks?schedule={schedule_id}&limit=100", None, principal)
+    assert status == 200
+    return page["tasks"]
+
+
+def all_schedules() -> list[dict]:
+    return boto3.resource("dynamodb").Table(settings().schedules_table).scan()["Items"]
+
+
+def all_tasks() -> list[dict]:
+    return boto3.resource("dynamodb").Table(settings().tasks_table).scan()["Items"]
+
+
+def test_a_rate_fires_each_occurrence_once_never_early_at_its_millisecond(runtime, receiver):
+    start = clock.now_ms() + 3000
+    status, schedule = call(runtime, "POST", "/schedules", every_two_seconds(receiver.url, start))
+    assert status == 201
+    assert schedule["next_due_at"] == clock.to_iso(start)
+    assert receiver.wait_for(4, timeout_s=20)
+    fired = receiver.received()[:4]
+    expected = [clock.to_iso(start + k * RATE_MS) for k in range(4)]
+    due = {task["id"]: task["due_at"] for task in occurrences(runtime, "tick")}
+    assert [due[arrival.task_id] for arrival in fired] == expected
+    assert all(arrival.arrival_ms >= start + k * RATE_MS for k, arrival in enumerate(fired))
+    assert [t for t, n in Counter(a.task_id for a in receiver.received()).items() if n > 1] == []
+    assert {task["id"] for task in occurrences(runtime, "tick")} >= {a.task_id for a in fired}
+    # the same request again is the schedule as stored; another body is a conflict
+    again = call(runtime, "POST", "/schedules", every_two_seconds(receiver.url, start))
+    assert again[0] == 200 and again[1]["id"] == "tick"
+    other = every_two_seconds(receiver.url, start, payload={"n": 2})
+    assert call(runtime, "POST", "/schedules", other)[0] == 409
+    status, read = call(runtime, "GET", "/schedules/tick")
+    assert read["last_fired_at"] is not None and read["occurrences"] >= 4
+
+
+def test_edit_pause_resume_and_delete_act_on_occurrences_already_tasks(runtime, receiver):
+    start = clock.now_ms() + 2000
+    call(runtime, "POST", "/schedules", every_two_seconds(receiver.url, start))
+    pending = [t for t in occurrences(runtime, "tick") if t["status"] in ("PENDING", "SCHEDULED")]
+    assert len(pending) >= 5  # the look-ahead's occurrences are tasks already
+
+    status, edited = call(runtime, "PATCH", "/schedules/tick", {"payload": {"n": 2}})
+    assert status == 200 and edited["revision"] == 2
+    rewritten = {t["id"]: t for t in occurrences(runtime, "tick")}
+    for task in pending:  # same times, new payload, next version: the old execution's claim fails
+        assert rewritten[task["id"]]["payload"] == {"n": 2}
+        assert rewritten[task["id"]]["version"] == task["version"] + 1
+    first = wait_for_status(pending[0]["id"], {"SUCCEEDED"})
+    assert json.loads(first["payload"]) == {"n": 2}
+
+    status, paused = call(runtime, "PATCH", "/schedules/tick", {"state": "PAUSED"})
+    assert status == 200 and paused["state"] == "PAUSED" and paused["next_due_at"] is None
+    after_pause = occurrences(runtime, "tick")
+    assert not [t for t in after_pause if t["status"] in ("PENDING", "SCHEDULED")]
+    fired_before = {a.task_id for a in receiver.received()}
+    time.sleep(2 * RATE_MS / 1000)
+    claimed = {t["id"] for t in after_pause if t["status"] in ("RUNNING", "SUCCEEDED")}
+    assert {a.task_id for a in receiver.received()} <= fired_before | claimed
+
+    status, resumed = call(runtime, "PATCH", "/schedules/tick", {"state": "ENABLED"})
+    assert status == 200 and resumed["state"] == "ENABLED"
+    resumed_at = clock.now_ms()
+    assert receiver.wait_for(len(receiver.received()) + 1, timeout_s=15)
+    latest = max(receiver.received(), key=lambda a: a.arrival_ms)
+    assert int(stored(latest.task_id)["due_ms"]) >= resumed_at - 1000  # from now on, not before
+
+    status, deleted = call(runtime, "DELETE", "/schedules/tick")
+    assert status == 200 and deleted["id"] == "tick"
+    assert call(runtime, "GET", "/schedules/tick")[0] == 404
+    left = occurrences(runtime, "tick")  # its tasks stay listed, the unclaimed ones cancelled
+    assert left and not [t for t in left if t["status"] in ("PENDING", "SCHEDULED")]
+
+
+def test_changing_the_expression_cancels_what_no_longer_occurs(runtime, receiver):
+    start = clock.now_ms() + 8000  # inside the look-ahead, not yet woken in this test
+    call(runtime, "POST", "/schedules", every_two_seconds(receiver.url, start))
+    before = {t["id"] for t in occurrences(runtime, "tick")}
+    assert len(before) >= 5
+    change = {"expression": "rate(4 seconds)", "start_at": clock.to_iso(start + 1000)}
+    status, _ = call(runtime, "PATCH", "/schedules/tick", change)
+    assert status == 200
+    after = occurrences(runtime, "tick")
+    live = [t for t in after if t["status"] in ("PENDING", "SCHEDULED")]
+    dues = sorted(clock.to_ms(datetime.fromisoformat(t["due_at"])) for t in live)
+    assert all(b - a == 4000 for a, b in pairwise(dues))
+    assert {t["id"] for t in after if t["status"] == "CANCELLED"} == before - {
+        t["id"] for t in live
+    }
+
+
+def test_two_finders_at_once_make_one_task_per_occurrence(runtime, receiver):
+    # beyond the look-ahead at creation, so the API makes no task: the finders do
+    lookahead_ms = settings().lookahead_s * 1000
+    start = clock.now_ms() + lookahead_ms + 2000
+    for n in range(4):
+        body = every_two_seconds(receiver.url, start + n * 100, f"race{n}")
+        assert call(runtime, "POST", "/schedules", body)[0] == 201
+    assert all_tasks() == []
+    later = clock.now_ms() + 8000  # as the finder would see it 8 s from now
+    barrier, reports = threading.Barrier(2), []
+
+    def finder() -> None:
+        barrier.wait()
+        reports.append(materialize_due(settings(), later))
+
+    threads = [threading.Thread(target=finder) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [r["schedules_due"] for r in reports] == [4, 4]  # each finder found all four
+    tasks = all_tasks()
+    per_schedule = Counter(t["schedule_id"] for t in tasks)
+    expected = (later + lookahead_ms - start) // RATE_MS + 1
+    assert all(abs(count - expected) <= 1 for count in per_schedule.values()), per_schedule
+    assert len({t["task_id"] for t in tasks}) == len(tasks)
+    assert sum(r["occurrences_made"] for r in reports) == len(tasks)  # none made twice
+    for item in all_schedules():
+        assert int(item["occurrences"]) == per_schedule[item["schedule_id"]]
+
+
+@pytest.mark.parametrize("after_commit", [False, True])
+def test_a_failed_or_ambiguous_write_makes_no_task_twice_and_skips_none(
+    runtime, receiver, after_commit
+):
+    lookahead_ms = settings().lookahead_s * 1000
+    start = clock.now_ms() + lookahead_ms + 2000
+    call(runtime, "POST", "/schedules", every_two_seconds(receiver.url, start))
+    later = clock.now_ms() + 6000
+    # every transaction fails (or commits, then answers 500) for one finder run
+    share = 1.0 if not after_commit else 0.5
+    runtime.dynamodb.set_faults(
+        "TransactWriteItems", [Fault("InternalServerError", 500, share, after_commit)], seed=3
+    )
+    try:
+        materialize_due(settings(), later)
+    except Exception as error:  # the finder run fails; the next one goes on
+        assert "InternalServerError" in str(error)
+    runtime.dynamodb.set_faults("TransactWriteItems", [], seed=3)
+    made = {t["task_id"] for t in all_tasks()}
+    schedule = all_schedules()[0]
+    # nothing half-written: every task made is one the schedule has moved past
+    assert all(int(t.rsplit(".", 1)[1]) < int(schedule["next_ms"]) for t in made)
+    materialize_due(settings(), later)
+    dues = sorted(int(t["due_ms"]) for t in all_tasks())
+    assert dues == list(range(start, dues[-1] + 1, RATE_MS))  # each occurrence, once
+    assert int(all_schedules()[0]["occurrences"]) == len(dues)
+
+
+def test_bad_schedules_are_refused_naming_the_field_and_nothing_is_written(runtime):
+    now = clock.now_ms()
+    good = {
+        "expression": "rate(1 minute)",
+        "type": "sns",
+        "target": {"topic_arn": "arn:aws:sns:us-east-1:123456789012:alerts"},
+    }
+    cases = [
+        ({"expression": "cron(0 10 * * ?)"}, "expression", "needs 6"),
+        ({"expression": "rate(0 minutes)"}, "expression", "at least 1"),
+        ({"expression": "rate(5 fortnights)"}, "expression", "seconds, minutes"),
+        ({"timezone": "Mars/Olympus_Mons"}, "timezone", "IANA"),
+        (
+            {"start_at": clock.to_iso(now + 7_200_000), "end_at": clock.to_iso(now + 3_600_000)},
+            "end_at",
+            "after start_at",
+        ),
+        ({"expression": "at(2020-01-01T00:00:00)"}, "expression", "no occurrence"),
+        ({"catch_up": "all"}, "catch_up", ""),
+        ({"target": {"topic_arn": "nope"}}, "target.topic_arn", ""),
+        ({"id": "has.dot"}, "id", ""),
+        ({"start_at": 12345}, "start_at", "ISO-8601"),
+    ]
+    for change, field, says in cases:
+        status, reply = call(runtime, "POST", "/schedules", good | change)
+        assert status == 400, (change, reply)
+        assert reply["error"]["field"] == field and reply["error"]["code"] == "invalid_schedule"
+        assert says in reply["error"]["message"]
+    assert all_schedules() == [] and all_tasks() == []
+
+
+def test_each_owner_sees_only_their_schedules_and_occurrences(runtime, receiver):
+    start = clock.now_ms() + 30_000
+    call(runtime, "POST", "/schedules", every_two_seconds(receiver.url, start), "alice")
+    assert call(runtime, "GET", "/schedules/tick", None, "bob")[0] == 404
+    assert call(runtime, "GET", "/schedules/tick/upcoming", None, "bob")[0] == 404
+    assert call(runtime, "PATCH", "/schedules/tick", {"payload": 1}, "bob")[0] == 404
+    assert call(runtime, "DELETE", "/schedules/tick", None, "bob")[0] == 404
+    assert call(runtime, "GET", "/schedules", None, "bob")[1]["schedules"] == []
+    assert occurrences(runtime, "tick", "bob") == []
+    assert [s["id"] for s in call(runtime, "GET", "/schedules")[1]["schedules"]] == ["tick"]
+    status, upcoming = call(runtime, "GET", "/schedules/tick/upcoming?count=3")
+    assert status == 200
+    assert upcoming["occurrences"] == [clock.to_iso(start + k * RATE_MS) for k in range(3)]
+    assert call(runtime, "GET", "/schedules/tick/upcoming?count=101")[0] == 400
+
+
+def test_sample_schedule_events_run_through_the_handler_in_order(runtime):
+    replies = {}
+    for name in ("create", "get", "upcoming", "list", "pause", "delete"):
+        event = json.loads((EVENTS / f"api_schedule_{name}.json").read_text())
+        reply = runtime.invoke("ApiFunction", event)
+        replies[name] = (reply["statusCode"], json.loads(reply["body"]))
+    assert replies["create"][0] == 201 and replies["create"][1]["id"] == "sample-weekdays"
+    assert replies["get"][0] == 200 and replies["get"][1]["timezone"] == "Europe/Berlin"
+    assert len(replies["upcoming"][1]["occurrences"]) == 5
+    assert [s["id"] for s in replies["list"][1]["schedules"]] == ["sample-weekdays"]
+    assert replies["pause"][1]["state"] == "PAUSED"
+    assert replies["delete"][0] == 200 and all_schedules() == []
+
+
+def test_a_restart_of_serve_skips_or_fires_the_latest_missed_occurrence(tmp_path, receiver):
+    state_file, port = tmp_path / "tocsin.json", free_port()
+    url = f"http://127.0.0.1:{port}"
+    arguments = ["--port", str(port), "--state", str(state_file), "--allow-host", "127.0.0.1"]
+    arguments += ["--lookahead", "6", "--finder-interval", "1"]
+    alice = Client(url, principal="alice")
+    server = serve(*arguments)
+    try:
+        start = clock.now_ms() + 2000
+        for catch_up in ("skip", "latest"):
+            alice.create_schedule(
+                id=catch_up, expression="rate(2 seconds)", start_at=clock.to_iso(start),
+                type="webhook", target={"url": receiver.url}, catch_up=catch_up,
+            )  # fmt: skip
+        assert receiver.wait_for(4, timeout_s=15)
+    finally:
+        stop(server)
+    time.sleep(12)  # beyond the look-ahead: occurrences pass that are not tasks yet
+    server = serve(*arguments)
+    try:
+        assert receiver.wait_for(len(receiver.received()) + 4, timeout_s=20)
+        schedules = {sid: alice.get_schedule(sid) for sid in ("skip", "latest")}
+        tasks = {sid: list(alice.iter_tasks(schedule=sid)) for sid in ("skip", "latest")}
+    finally:
+        stop(server)
+    arrivals = Counter(a.task_id for a in receiver.received())
+    assert [task_id for task_id, n in arrivals.items() if n > 1] == []
+    for sid, made in tasks.items():
+        missed = schedules[sid].missed
+        assert missed >= 2, sid
+        dues = sorted(clock.to_ms(t.due_at) for t in made)
+        gaps = [b - a for a, b in pairwise(dues) if b - a != RATE_MS]
+        assert gaps == [RATE_MS * (missed + 1)], sid  # one hole: what was missed
+        # made more than a second after its time: only catch-up does that
+        caught_up = [t for t in made if clock.to_ms(t.created_at) - clock.to_ms(t.due_at) > 1000]
+        if sid == "skip":
+            assert caught_up == []
+        else:  # the latest missed one (the hole's end) fired at once, late
+            assert len(caught_up) == 1 and caught_up[0].id in arrivals
+            hole_end = next(b for a, b in pairwise(dues) if b - a != RATE_MS)
+            assert clock.to_ms(caught_up[0].due_at) == hole_end
+            assert caught_up[0].lateness_ms is not None and caught_up[0].lateness_ms > 1000
