@@ -426,7 +426,7 @@ def parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="measure precision and throughput locally")
     bench.add_argument(
         "--scenarios",
-        help="comma-separated: sparse, spread, dense, burst, finder-scale, throttled, "
+        help="comma-separated: sparse, spread, dense, burst, recurring, finder-scale, throttled, "
         "cold-start (all); burst-1000, burst-5000, aws-burst",
     )
     bench.add_argument("--scale", type=float, default=1.0, help="fraction of the full sizes (1)")

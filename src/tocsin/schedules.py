@@ -182,9 +182,10 @@ def _stored_spec(item: dict[str, Any]) -> dict[str, Any]:
 
 
 def schedule_view(item: dict[str, Any], now_ms: int) -> dict[str, Any]:
-    """The schedule as its owner sees it: `next_due_at` is its next occurrence from now."""
+    """The schedule as its owner sees it: `next_due_at` is its next occurrence from now
+    (COMPLETED: every occurrence is a task already, the last perhaps still to fire)."""
     state = item["state"]
-    next_due = occurrences_of(item).first_from(now_ms) if state == ScheduleState.ENABLED else None
+    next_due = occurrences_of(item).first_from(now_ms) if state != ScheduleState.PAUSED else None
     view: dict[str, Any] = {
         "id": item["schedule_id"],
         **_stored_spec(item),
@@ -276,12 +277,11 @@ def list_schedules(query: dict[str, str], owner: str, config: Settings) -> dict[
 
 
 def upcoming(schedule_id: str, count: int, owner: str, config: Settings) -> dict[str, Any]:
-    """The schedule's next `count` occurrences after now, within its start and end."""
+    """The schedule's next `count` occurrences after now, within its start and end (what
+    its expression gives: a paused schedule makes none of them until resumed)."""
     if not 1 <= count <= MAX_UPCOMING:
         raise InvalidSchedule(f"count: a whole number 1-{MAX_UPCOMING}", field="count")
     item = _owned(_store(config), schedule_id, owner)
-    if item["state"] == ScheduleState.COMPLETED:
-        return {"id": schedule_id, "occurrences": []}
     found = occurrences_of(item).upcoming(clock.now_ms(), count)
     return {"id": schedule_id, "occurrences": [clock.to_iso(moment) for moment in found]}
 

@@ -134,3 +134,15 @@ def test_aws_burst_dispatches_every_task_and_judges_the_plan_against_aws_quotas(
     assert burst["transitions"] == 4
     assert burst["all_woken_before_window"] and burst["all_claimed_before_window"]
     assert burst["peak_concurrency"] == 2 and burst["peak_writes_per_second"] <= 1000
+
+
+def test_recurring_fires_every_occurrence_of_every_schedule_once(capsys):
+    assert main(["bench", "--scenarios", "recurring", "--scale", "0.05", "--json"]) == 0
+    recurring = last_json(capsys)["recurring"]
+    assert recurring["schedules"] == 5
+    # every 1 to 5 s from a random millisecond, for 12 s: about 12 + 6 + 4 + 3 + 3 each
+    assert 25 <= recurring["submitted"] <= 30
+    assert recurring["fired"] == recurring["submitted"]
+    assert recurring["early"] == recurring["duplicates"] == recurring["lost"] == 0
+    assert recurring["unexpected"] == 0
+    assert recurring["executions"] < recurring["submitted"]  # one a second at most, packed

@@ -11,6 +11,7 @@ from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import boto3
 import pytest
@@ -297,3 +298,29 @@ def test_a_restart_of_serve_skips_or_fires_the_latest_missed_occurrence(tmp_path
             hole_end = next(b for a, b in pairwise(dues) if b - a != RATE_MS)
             assert clock.to_ms(caught_up[0].due_at) == hole_end
             assert caught_up[0].lateness_ms is not None and caught_up[0].lateness_ms > 1000
+
+
+def test_an_at_schedule_fires_once_then_is_completed(runtime, receiver):
+    due = clock.now_ms() + 2500
+    wall = clock.to_datetime(due).astimezone(ZoneInfo("Asia/Kolkata")).replace(tzinfo=None)
+    body = {
+        "id": "once",
+        "expression": f"at({wall.isoformat(timespec='milliseconds')})",
+        "timezone": "Asia/Kolkata",
+        "type": "webhook",
+        "target": {"url": receiver.url},
+    }
+    status, created = call(runtime, "POST", "/schedules", body)
+    assert status == 201 and created["next_due_at"] == clock.to_iso(due)
+    assert created["state"] == "COMPLETED"  # its one occurrence is a task already
+    upcoming = call(runtime, "GET", "/schedules/once/upcoming")[1]["occurrences"]
+    assert upcoming == [clock.to_iso(due)]
+    [task] = occurrences(runtime, "once")
+    assert task["id"] == f"once.{due}"
+    assert wait_for_status(task["id"], {"SUCCEEDED"})["fired_at"] >= clock.to_iso(due)
+    assert [a.task_id for a in receiver.received()] == [task["id"]]
+    # a new expression brings it back
+    next_year = wall.replace(year=wall.year + 1).isoformat(timespec="milliseconds")
+    later = {"expression": f"at({next_year})"}
+    status, again = call(runtime, "PATCH", "/schedules/once", later)
+    assert status == 200 and again["state"] == "ENABLED"

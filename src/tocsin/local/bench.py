@@ -238,6 +238,77 @@ def dense(bench: Bench) -> dict[str, Any]:
     return {**figures, "samples": {"tocsin": lateness}}
 
 
+def recurring(bench: Bench) -> dict[str, Any]:
+    """100 schedules at rate(1 seconds) to rate(10 seconds) for 60 s, each from its own
+    millisecond, created through the API beyond the look-ahead: the finder turns their
+    occurrences into tasks and packs each second's into one execution. Every occurrence
+    the expressions give is expected once, and none other."""
+    count, span_ms = bench.size(100), max(10_000, round(60_000 * min(1.0, bench.scale * 4)))
+    started = time.monotonic()
+    with (
+        ReceiverProcess() as receiver,
+        EmbeddedRuntime(
+            {"LookAheadSeconds": str(LOOKAHEAD_S), **allowing(receiver.url)},
+            finder_interval_s=FINDER_INTERVAL_S,
+        ) as runtime,
+    ):
+        before = runtime.footprint()
+        base = clock.now_ms() + int((LOOKAHEAD_S + 2 * FINDER_INTERVAL_S) * 1000)
+        base += 1000 - base % 1000
+        planned, bodies = [], []
+        for n in range(count):
+            every_s, start = 1 + n % 10, base + bench.rng.randrange(1000)
+            schedule_id = f"every{every_s}s-{n:03d}"
+            bodies.append(
+                {
+                    "id": schedule_id,
+                    "expression": f"rate({every_s} seconds)",
+                    "start_at": clock.to_iso(start),
+                    "end_at": clock.to_iso(base + span_ms),
+                    "type": "webhook",
+                    "target": {"url": f"{receiver.url}/bench"},
+                }
+            )
+            due = range(start, base + span_ms, every_s * 1000)
+            planned += [PlannedTask(f"{schedule_id}.{ms}", ms) for ms in due]
+        bar = bench.progress.add_task("recurring", total=len(planned))
+        for body in bodies:
+            reply = runtime.invoke("ApiFunction", api_event("POST", "/schedules", json.dumps(body)))
+            if reply["statusCode"] != 201:
+                raise RuntimeError(f"schedule {body['id']}: {reply['body']}")
+        deadline = time.monotonic() + (base + span_ms - clock.now_ms()) / 1000 + GRACE_S
+        while time.monotonic() < deadline and receiver.tasks_arrived() < len(planned):
+            bench.progress.update(bar, completed=receiver.tasks_arrived())
+            time.sleep(1)
+        runtime.wait_for_executions(timeout_s=10)
+        after = runtime.footprint()
+        requests = after["dynamodb_requests"] - before["dynamodb_requests"]
+        arrivals = receiver.received()
+        executions = list(runtime.executions())
+        expected = {task.task_id for task in planned}
+        figures = summarize(planned, arrivals)
+        figures.update(
+            schedules=count,
+            unexpected=sum(a.task_id not in expected for a in arrivals),
+            executions=len(executions),
+            transitions_per_task=round(
+                sum(transitions(e.execution_arn) for e in executions) / len(planned), 3
+            ),
+            submit_s=0.0,
+        )
+        if bench.cost:
+            figures["cost"] = billed_usage(runtime, executions, requests, len(planned))
+    bench.progress.remove_task(bar)
+    lateness = lateness_values(planned, arrivals)
+    figures.update(
+        abs_error_ms={"p99": percentile([abs(v) for v in lateness], 99)},
+        wall_s=round(time.monotonic() - started, 1),
+        cpu_ms_per_task=round((after["cpu_s"] - before["cpu_s"]) * 1000 / len(planned), 1),
+        peak_memory_mb=after["peak_memory_mb"],
+    )
+    return {**figures, "samples": {"tocsin": lateness}}
+
+
 # -- the finder: reads and pacing --------------------------------------------------------
 
 
@@ -497,6 +568,7 @@ SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "spread": spread,
     "dense": dense,
     "burst": burst,
+    "recurring": recurring,
     "finder-scale": finder_scale,
     "throttled": throttled,
     "cold-start": cold_start,
@@ -510,7 +582,7 @@ STRETCH = {  # by name only: not in "all"
 
 # -- the report ------------------------------------------------------------------------
 
-TIMED = ("sparse", "spread", "dense", "burst", "burst-1000", "burst-5000")
+TIMED = ("sparse", "spread", "dense", "burst", "recurring", "burst-1000", "burst-5000")
 RESULT_KEY = {"cold-start": "cold_start"}  # the scenarios whose results go by another name
 
 
@@ -529,6 +601,7 @@ def run(names: list[str], scale: float, seed: int, cost: bool, console: Any) -> 
 # Figures that break a promise when not zero, by scenario.
 MUST_BE_ZERO = {
     **{name: ("early", "duplicates", "lost") for name in TIMED},
+    "recurring": ("early", "duplicates", "lost", "unexpected"),
     "finder-scale": ("started_not_due", "due_not_started"),
     "throttled": ("not_started", "started_after_wake"),
     "aws-burst": ("not_started",),
