@@ -136,10 +136,15 @@ VARIANTS: dict[str, Callable[[EmbeddedRuntime, list[PlannedTask], str], None]] =
 }
 
 
-def timed_variant(
-    bench: Bench, variant: str, offsets: list[int], label: str
-) -> tuple[dict[str, Any], list[int]]:
-    """Run one variant on a fresh runtime; its figures and its lateness values."""
+Plan = Callable[[EmbeddedRuntime, str], tuple[list[PlannedTask], float]]
+
+
+def timed_run(
+    bench: Bench, label: str, plan: Plan, cost: bool
+) -> tuple[dict[str, Any], list[int], list[Any]]:
+    """On a fresh runtime with a receiver: `plan` submits what is to fire (returning the
+    tasks it expects and the seconds it took); then the figures of what arrived, the
+    lateness values and the arrivals."""
     started = time.monotonic()
     with (
         ReceiverProcess() as receiver,
@@ -149,13 +154,8 @@ def timed_variant(
         ) as runtime,
     ):
         before = runtime.footprint()  # the stack is up: from here on, the tasks' own work
-        start = clock.now_ms() + START_DELAY_MS + SUBMIT_ALLOWANCE_MS[variant] * len(offsets)
-        start += 1000 - start % 1000  # on a second: offsets in distinct seconds stay apart
-        planned = [PlannedTask(f"{variant}-{i:05d}", start + o) for i, o in enumerate(offsets)]
-        bar = bench.progress.add_task(f"{label} {variant}", total=len(planned))
-        submitting = time.monotonic()
-        VARIANTS[variant](runtime, planned, receiver.url)
-        submit_s = time.monotonic() - submitting
+        planned, submit_s = plan(runtime, receiver.url)
+        bar = bench.progress.add_task(label, total=len(planned))
         deadline = time.monotonic() + (planned[-1].due_ms - clock.now_ms()) / 1000 + GRACE_S
         while time.monotonic() < deadline:
             fired = receiver.tasks_arrived()
@@ -176,7 +176,7 @@ def timed_variant(
             transitions_per_task=round(steps / len(planned), 3),
             submit_s=round(submit_s, 1),
         )
-        if bench.cost and variant != "baseline":
+        if cost:
             figures["cost"] = billed_usage(runtime, executions, requests, len(planned))
     bench.progress.remove_task(bar)
     lateness = lateness_values(planned, arrivals)
@@ -186,6 +186,24 @@ def timed_variant(
         cpu_ms_per_task=round(cpu_s * 1000 / len(planned), 1),
         peak_memory_mb=runtime.footprint()["peak_memory_mb"],
     )
+    return figures, lateness, arrivals
+
+
+def timed_variant(
+    bench: Bench, variant: str, offsets: list[int], label: str
+) -> tuple[dict[str, Any], list[int]]:
+    """Run one variant on a fresh runtime; its figures and its lateness values."""
+
+    def plan(runtime: EmbeddedRuntime, url: str) -> tuple[list[PlannedTask], float]:
+        start = clock.now_ms() + START_DELAY_MS + SUBMIT_ALLOWANCE_MS[variant] * len(offsets)
+        start += 1000 - start % 1000  # on a second: offsets in distinct seconds stay apart
+        planned = [PlannedTask(f"{variant}-{i:05d}", start + o) for i, o in enumerate(offsets)]
+        submitting = time.monotonic()
+        VARIANTS[variant](runtime, planned, url)
+        return planned, time.monotonic() - submitting
+
+    cost = bench.cost and variant != "baseline"
+    figures, lateness, _ = timed_run(bench, f"{label} {variant}", plan, cost)
     return figures, lateness
 
 
@@ -244,68 +262,32 @@ def recurring(bench: Bench) -> dict[str, Any]:
     occurrences into tasks and packs each second's into one execution. Every occurrence
     the expressions give is expected once, and none other."""
     count, span_ms = bench.size(100), max(10_000, round(60_000 * min(1.0, bench.scale * 4)))
-    started = time.monotonic()
-    with (
-        ReceiverProcess() as receiver,
-        EmbeddedRuntime(
-            {"LookAheadSeconds": str(LOOKAHEAD_S), **allowing(receiver.url)},
-            finder_interval_s=FINDER_INTERVAL_S,
-        ) as runtime,
-    ):
-        before = runtime.footprint()
+
+    def plan(runtime: EmbeddedRuntime, url: str) -> tuple[list[PlannedTask], float]:
         base = clock.now_ms() + int((LOOKAHEAD_S + 2 * FINDER_INTERVAL_S) * 1000)
         base += 1000 - base % 1000
-        planned, bodies = [], []
+        planned, submitting = [], time.monotonic()
         for n in range(count):
             every_s, start = 1 + n % 10, base + bench.rng.randrange(1000)
             schedule_id = f"every{every_s}s-{n:03d}"
-            bodies.append(
-                {
-                    "id": schedule_id,
-                    "expression": f"rate({every_s} seconds)",
-                    "start_at": clock.to_iso(start),
-                    "end_at": clock.to_iso(base + span_ms),
-                    "type": "webhook",
-                    "target": {"url": f"{receiver.url}/bench"},
-                }
-            )
-            due = range(start, base + span_ms, every_s * 1000)
-            planned += [PlannedTask(f"{schedule_id}.{ms}", ms) for ms in due]
-        bar = bench.progress.add_task("recurring", total=len(planned))
-        for body in bodies:
+            body = {
+                "id": schedule_id,
+                "expression": f"rate({every_s} seconds)",
+                "start_at": clock.to_iso(start),
+                "end_at": clock.to_iso(base + span_ms),
+                "type": "webhook",
+                "target": {"url": f"{url}/bench"},
+            }
             reply = runtime.invoke("ApiFunction", api_event("POST", "/schedules", json.dumps(body)))
             if reply["statusCode"] != 201:
-                raise RuntimeError(f"schedule {body['id']}: {reply['body']}")
-        deadline = time.monotonic() + (base + span_ms - clock.now_ms()) / 1000 + GRACE_S
-        while time.monotonic() < deadline and receiver.tasks_arrived() < len(planned):
-            bench.progress.update(bar, completed=receiver.tasks_arrived())
-            time.sleep(1)
-        runtime.wait_for_executions(timeout_s=10)
-        after = runtime.footprint()
-        requests = after["dynamodb_requests"] - before["dynamodb_requests"]
-        arrivals = receiver.received()
-        executions = list(runtime.executions())
-        expected = {task.task_id for task in planned}
-        figures = summarize(planned, arrivals)
-        figures.update(
-            schedules=count,
-            unexpected=sum(a.task_id not in expected for a in arrivals),
-            executions=len(executions),
-            transitions_per_task=round(
-                sum(transitions(e.execution_arn) for e in executions) / len(planned), 3
-            ),
-            submit_s=0.0,
-        )
-        if bench.cost:
-            figures["cost"] = billed_usage(runtime, executions, requests, len(planned))
-    bench.progress.remove_task(bar)
-    lateness = lateness_values(planned, arrivals)
-    figures.update(
-        abs_error_ms={"p99": percentile([abs(v) for v in lateness], 99)},
-        wall_s=round(time.monotonic() - started, 1),
-        cpu_ms_per_task=round((after["cpu_s"] - before["cpu_s"]) * 1000 / len(planned), 1),
-        peak_memory_mb=after["peak_memory_mb"],
-    )
+                raise RuntimeError(f"schedule {schedule_id}: {reply['body']}")
+            due = range(start, base + span_ms, every_s * 1000)
+            planned += [PlannedTask(f"{schedule_id}.{ms}", ms) for ms in due]
+        return sorted(planned, key=lambda task: task.due_ms), time.monotonic() - submitting
+
+    figures, lateness, arrivals = timed_run(bench, "recurring", plan, bench.cost)
+    arrived = {a.task_id for a in arrivals}  # the planned ones arrived are `fired`
+    figures.update(schedules=count, unexpected=len(arrived) - figures["fired"])
     return {**figures, "samples": {"tocsin": lateness}}
 
 
