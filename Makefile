@@ -10,15 +10,26 @@ TASKS  ?= 200
 
 tool_pins = $(shell $(PYTHON) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml","rb"))["tool"]["tocsin"]["tools"]["$(1)"]))')
 
-.PHONY: demo test lock lint format unit validate sam-validate sam-build cfn-lint statelint checkov clean
+.PHONY: demo test lock lint format unit unit-runtime validate sam-validate sam-build cfn-lint statelint checkov clean
 
 demo: $(VENV)/.installed
 	$(BIN)/tocsin demo --tasks $(TASKS)
 
-test: lint validate unit
+test: lint validate unit unit-runtime
 
 unit: $(VENV)/.installed
 	$(BIN)/pytest -q
+
+# The functions run on Python 3.13 (template.yaml). Where one is found, as the layer's
+# build finds it, every test runs again on it, in a .venv of its own, from the same locks.
+RUNTIME_PYTHON = $(shell $(MAKE) -s --no-print-directory -C layers/tocsin runtime-python)
+
+unit-runtime:
+	@if [ -z "$(RUNTIME_PYTHON)" ]; then \
+		echo "no Python 3.13 found: the tests ran on $(PYTHON) only"; \
+	else \
+		$(MAKE) --no-print-directory unit VENV=.venv-313 PYTHON="$(RUNTIME_PYTHON)"; \
+	fi
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
@@ -73,4 +84,4 @@ $(CHKENV)/.installed: pyproject.toml
 	touch $@
 
 clean:
-	rm -rf $(VENV) $(SAMENV) $(CHKENV) .aws-sam .build .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-313 $(SAMENV) $(CHKENV) .aws-sam .build .pytest_cache .ruff_cache

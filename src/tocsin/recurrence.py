@@ -22,7 +22,8 @@ from tocsin import clock
 from tocsin.errors import InvalidSchedule
 
 UNIT_MS = {"second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000}
-MAX_RATE_DAYS = 3650  # a rate's interval: at least 1 second (one occurrence a second at most)
+MAX_RATE_DAYS = 3650
+BOUND = "a schedule fires at most once a second"  # the per-schedule bound on occurrences
 MAX_UPCOMING = 100
 # Wall times tried for one occurrence before giving up: a cron whose every match falls in
 # a daylight-saving gap (say 02:30 on the second Sunday of March in New York) has none.
@@ -159,10 +160,10 @@ def parse(expression: str, timezone: str, anchor_ms: int) -> Rule:
 
 def _rate(value: str, unit: str, anchor_ms: int) -> Rate:
     if not value.isdigit() or int(value) < 1:
-        raise _refuse(f"rate value {value!r} must be a whole number of at least 1")
+        raise _refuse(f"rate value {value!r} must be a whole number of at least 1 ({BOUND})")
     unit_ms = UNIT_MS.get(unit.lower().removesuffix("s"))
     if unit_ms is None:
-        raise _refuse(f"rate unit {unit!r} must be seconds, minutes, hours or days")
+        raise _refuse(f"rate unit {unit!r} must be seconds, minutes, hours or days ({BOUND})")
     interval_ms = int(value) * unit_ms
     if interval_ms > MAX_RATE_DAYS * UNIT_MS["day"]:
         raise _refuse(f"a rate is at most {MAX_RATE_DAYS} days")

@@ -234,6 +234,9 @@ def test_start_and_end_bound_the_occurrences() -> None:
         ("rate(1.5 minutes)", "UTC", "expression", "must be a whole number"),
         ("rate(5 fortnights)", "UTC", "expression", "must be seconds, minutes, hours or days"),
         ("rate(3651 days)", "UTC", "expression", "at most 3650 days"),
+        # beyond the bound of one occurrence a second
+        ("rate(0.5 seconds)", "UTC", "expression", "at most once a second"),
+        ("rate(500 milliseconds)", "UTC", "expression", "at most once a second"),
         ("at(2026-13-01T00:00:00)", "UTC", "expression", "is not a date and time"),
         ("at(2026-03-08T02:30:00)", "America/New_York", "expression", "the clocks skip it"),
         ("every day at noon", "UTC", "expression", "is not cron("),
