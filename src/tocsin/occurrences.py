@@ -164,14 +164,26 @@ def cancel_leftovers(
 
 def materialize_due(config: Settings, now_ms: int) -> dict[str, int]:
     """The finder's step: every ENABLED schedule with an occurrence within the look-ahead
-    turns it into tasks (each schedule on its own thread); what was done."""
+    turns it into tasks (each schedule on its own thread); what was done.
+
+    A schedule that fails (its writes refused after botocore's retries) is logged and
+    counted, and taken up again by the next run: it holds back neither the other
+    schedules nor the finder's tasks."""
     store = ScheduleStore(config.schedules_table, config.tasks_table)
     until = now_ms + config.lookahead_s * 1000
     ids = [sid for shard in range(config.shards) for sid in store.due(str(shard), until)]
 
-    def one(schedule_id: str) -> int:
-        return len(materialize(store, store.get(schedule_id), config, now_ms, until))
+    def one(schedule_id: str) -> int | None:
+        try:
+            return len(materialize(store, store.get(schedule_id), config, now_ms, until))
+        except Exception:
+            logger.exception("schedule not turned", schedule_id=schedule_id)
+            return None
 
     with ThreadPoolExecutor(max_workers=config.dispatch_workers) as pool:
-        written = sum(pool.map(one, ids))
-    return {"schedules_due": len(ids), "occurrences_made": written}
+        made = list(pool.map(one, ids))
+    return {
+        "schedules_due": len(ids),
+        "occurrences_made": sum(n for n in made if n is not None),
+        "schedule_errors": made.count(None),
+    }

@@ -151,7 +151,7 @@ def parse(expression: str, timezone: str, anchor_ms: int) -> Rule:
     if match := _AT.fullmatch(text):
         return _at(match[1], tz)
     if match := _CRON.fullmatch(text):
-        return Cron(_cron_fields(match[1].split()), tz)
+        return _cron(_cron_fields(match[1].split()), tz)
     raise _refuse(
         f"{expression!r} is not cron(minutes hours day-of-month month day-of-week year), "
         "rate(value unit) or at(yyyy-mm-ddThh:mm:ss)"
@@ -168,6 +168,15 @@ def _rate(value: str, unit: str, anchor_ms: int) -> Rate:
     if interval_ms > MAX_RATE_DAYS * UNIT_MS["day"]:
         raise _refuse(f"a rate is at most {MAX_RATE_DAYS} days")
     return Rate(interval_ms, anchor_ms)
+
+
+def _cron(fields: str, tz: ZoneInfo) -> Cron:
+    """A checked cron, which croniter accepts too (its refusal, should one remain, named)."""
+    from croniter import croniter
+
+    if not croniter.is_valid(fields):
+        raise _refuse(f"cron fields {fields!r} are not computable")
+    return Cron(fields, tz)
 
 
 def _at(text: str, tz: ZoneInfo) -> At:
@@ -188,7 +197,7 @@ _FIELDS = (
     ("day-of-month", 1, 31, "?LW"),
     ("month", 1, 12, ""),
     ("day-of-week", 1, 7, "?L#"),
-    ("year", 1970, 2199, ""),
+    ("year", 1970, 2099, ""),  # EventBridge's run to 2199; croniter's arithmetic to 2099
 )
 _TERM = re.compile(r"(\*|\w+)(?:-(\w+))?(?:/(\d+))?")
 
@@ -244,8 +253,10 @@ def _term(term: str, name: str, low: int, high: int, extra: str) -> str:
     if match is None or (match[1] == "*" and match[2]):
         raise _refuse(f"{name} {term!r} is not a value, range, list or increment")
     first, last, step = match.groups()
-    if step is not None and (int(step) < 1 or name == "day-of-week"):
-        raise _refuse(f"{name} {term!r}: increments are 1 or more, not in day-of-week")
+    if step is not None and name == "day-of-week":
+        raise _refuse(f"{name} {term!r}: day-of-week takes no increments")
+    if step is not None and int(step) < 1:
+        raise _refuse(f"{name} {term!r}: increments are 1 or more")
     text = "*" if first == "*" else str(number(first))
     if last is not None:
         if number(last) < number(first):

@@ -180,10 +180,10 @@ def test_a_failed_or_ambiguous_write_makes_no_task_twice_and_skips_none(
     runtime.dynamodb.set_faults(
         "TransactWriteItems", [Fault("InternalServerError", 500, share, after_commit)], seed=3
     )
-    try:
-        materialize_due(settings(), later)
-    except Exception as error:  # the finder run fails; the next one goes on
-        assert "InternalServerError" in str(error)
+    report = materialize_due(settings(), later)  # the schedule fails, the run goes on
+    # refused every time: the schedule fails; committed, then refused: botocore's retries
+    # meet the moved schedule and the finder reads it again (unless every retry is refused)
+    assert report["schedule_errors"] in ({0, 1} if after_commit else {1})
     runtime.dynamodb.set_faults("TransactWriteItems", [], seed=3)
     made = {t["task_id"] for t in all_tasks()}
     schedule = all_schedules()[0]

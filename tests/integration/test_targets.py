@@ -213,6 +213,7 @@ def test_generated_scheduled_event_runs_the_finder(runtime):
         "failed_stuck": 0,
         "schedules_due": 0,
         "occurrences_made": 0,
+        "schedule_errors": 0,
     }
 
 
