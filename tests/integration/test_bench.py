@@ -11,6 +11,7 @@ from moto import mock_aws
 
 from tocsin.cli import main
 from tocsin.dispatch import Batch, DueTask, execution_input
+from tocsin.local import bench
 from tocsin.local.bench import StartRecorder, baseline_input, recording_starts
 from tocsin.model import TaskType
 from tocsin.settings import Settings
@@ -20,14 +21,16 @@ def last_json(capsys) -> dict:
     return json.loads(capsys.readouterr().out.splitlines()[-1])
 
 
-def test_spread_times_tocsin_and_the_baseline_on_the_same_plan(tmp_path, capsys):
+def test_spread_times_tocsin_and_the_baseline_on_the_same_plan(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(bench, "BASELINE_MAX", 4)  # a larger plan: the baseline samples it
     plot = tmp_path / "lateness.png"
     arguments = ["bench", "--scenarios", "spread", "--scale", "0.005", "--json", "--cost"]
     assert main([*arguments, "--plot", str(plot)]) == 0
     spread = last_json(capsys)["spread"]
     assert (spread["submitted"], spread["fired"]) == (5, 5)
     assert spread["early"] == spread["duplicates"] == spread["lost"] == 0
-    assert spread["baseline"]["fired"] == 5
+    assert spread["baseline"]["fired"] == spread["baseline"]["submitted"] == 4
+    assert spread["baseline"]["sample_of"] == 5
     assert {"p50", "p90", "p99", "max"} <= set(spread["lateness_ms"])
     assert spread["baseline_to_tocsin_p99_error"] > 0
     # Wait and Fire per execution, and an execution holds one task or more
