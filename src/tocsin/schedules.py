@@ -255,9 +255,9 @@ def create_schedule(body: Any, owner: str, config: Settings) -> tuple[dict[str, 
 
 
 def get_schedule(schedule_id: str, owner: str, config: Settings) -> dict[str, Any]:
-    store = _store(config)
-    view = schedule_view(_owned(store, schedule_id, owner), clock.now_ms())
-    fired = TaskStore(config.tasks_table).last_fired(schedule_id, owner)
+    store, now = _store(config), clock.now_ms()
+    view = schedule_view(_owned(store, schedule_id, owner), now)
+    fired = TaskStore(config.tasks_table).last_fired(schedule_id, owner, now)
     return view | {"last_fired_at": fired}
 
 

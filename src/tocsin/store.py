@@ -135,14 +135,14 @@ class TaskStore:
                 return items, None
             query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
-    def last_fired(self, schedule_id: str, owner: str) -> str | None:
-        """When the schedule's latest fired occurrence fired, from its newest few."""
+    def last_fired(self, schedule_id: str, owner: str, now_ms: int) -> str | None:
+        """When the schedule's latest fired occurrence fired, from its newest few due by now."""
         query: dict[str, Any] = {
             "IndexName": SCHEDULE_INDEX,
-            "KeyConditionExpression": "schedule_id = :sid",
+            "KeyConditionExpression": "schedule_id = :sid AND due_ms <= :now",
             "FilterExpression": "#o = :owner AND attribute_exists(fired_at)",
             "ExpressionAttributeNames": {"#o": "owner"},
-            "ExpressionAttributeValues": {":sid": schedule_id, ":owner": owner},
+            "ExpressionAttributeValues": {":sid": schedule_id, ":owner": owner, ":now": now_ms},
             "ScanIndexForward": False,
             "Limit": 50,
         }
