@@ -9,12 +9,13 @@ task SUCCEEDED, or FAILED with a dead-letter message of its own. A slow target h
 only its own task.
 
 Only what concerns the whole batch fails the invocation, for the state machine to retry:
-a claim or mark that could not be written (`TableUnavailable`), or a task another
-invocation is still delivering (`DeliveryInProgress`). A retry re-claims what this
+a claim or mark that could not be written in the time the invocation has (`TableUnavailable`),
+or a task another invocation is still delivering (`DeliveryInProgress`). A retry re-claims what this
 execution holds; what was sent is not sent again (the idempotency record answers).
 """
 
 import json
+import random
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -22,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.idempotency import (
@@ -59,13 +60,18 @@ idempotency_config = IdempotencyConfig(
 )
 CLAIM_WORKERS = 32
 FINISH_MARGIN_MS = 3000  # kept back from retries for the final marks and dead letters
+MARK_MARGIN_MS = 1000  # kept back from the final marks' retries for a dead letter and the reply
+WRITE_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8)  # between tries of one claim or mark, with jitter
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0)  # before the 2nd, 3rd, 4th and 5th attempt
 IN_PROGRESS_POLL_S = 1.0
 
 
 class TableUnavailable(Exception):
-    """A claim or a final mark could not be written after botocore's retries (the table is
+    """A claim or a final mark could not be written in the invocation's time (the table is
     busy or down): the invocation is retried, and takes back what it holds."""
+
+
+Written = TypeVar("Written")
 
 
 class DeliveryInProgress(Exception):
@@ -211,16 +217,41 @@ def table_errors(task_id: str) -> Iterator[None]:
         raise
 
 
+def written(task_id: str, deadline_ms: int, write: Callable[[], Written]) -> Written:
+    """A claim or final mark, tried again while the invocation has time before `deadline_ms`.
+
+    botocore's standard mode shares one retry quota per client, and stops retrying when it
+    is spent: in a brownout, a batch's hundreds of writes spend it in a few dozen retried
+    500s, and every write after that would fail on its first refusal, failing the whole
+    batch. Each write here keeps its own tries. Claims and marks are safe to repeat: a try
+    that committed unseen is found by the next (`TaskStore.claim`, `TaskStore.finish`).
+    """
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            with table_errors(task_id):
+                return write()
+        except TableUnavailable:
+            pause_s = WRITE_PAUSES_S[min(tries, len(WRITE_PAUSES_S)) - 1] * random.uniform(0.5, 1)
+            if clock.now_ms() + pause_s * 1000 > deadline_ms:
+                raise
+            time.sleep(pause_s)
+
+
 def claim_batch(
-    store: TaskStore, batch: BatchEvent
+    store: TaskStore, batch: BatchEvent, deadline_ms: int
 ) -> list[tuple[BatchTask, ClaimedTask | Failed]]:
     """Claim every task of the batch at once; the ones this execution holds now."""
     config = settings()
 
     def claim(asked: BatchTask) -> dict[str, Any] | None:
         check = check_index_keys(asked.task_id, asked.due_ms, config)
-        with table_errors(asked.task_id):
-            return store.claim(asked.task_id, asked.version, batch.execution, check)
+        return written(
+            asked.task_id,
+            deadline_ms,
+            lambda: store.claim(asked.task_id, asked.version, batch.execution, check),
+        )
 
     with ThreadPoolExecutor(max_workers=min(CLAIM_WORKERS, len(batch.tasks))) as pool:
         items = list(pool.map(claim, batch.tasks))
@@ -231,33 +262,32 @@ def claim_batch(
     ]
 
 
-def _finish(store: TaskStore, batch: BatchEvent, asked: BatchTask, outcome: Fired | Failed) -> bool:
+def _finish(
+    store: TaskStore,
+    batch: BatchEvent,
+    asked: BatchTask,
+    outcome: Fired | Failed,
+    deadline_ms: int,
+) -> bool:
     """Record the outcome on the task; a failure also goes to the dead-letter queue."""
-    config = settings()
-    expires_at = config.expires_at(asked.due_ms)
+    expires_at = settings().expires_at(asked.due_ms)
+    fields: dict[str, Any] = {"attempts": outcome.attempts, "expires_at": expires_at}
     if isinstance(outcome, Fired):
-        with table_errors(asked.task_id):
-            return store.finish(
-                asked.task_id,
-                asked.version,
-                TaskStatus.SUCCEEDED,
-                {
-                    "fired_at": clock.to_iso(outcome.fired_ms),
-                    "lateness_ms": outcome.fired_ms - asked.due_ms,
-                    "result": json.dumps(outcome.result),
-                    "attempts": outcome.attempts,
-                    "expires_at": expires_at,
-                },
-            )
-    error = {"Error": outcome.error, "Cause": outcome.cause}
-    with table_errors(asked.task_id):
-        finished = store.finish(
-            asked.task_id,
-            asked.version,
-            TaskStatus.FAILED,
-            {"error": json.dumps(error), "attempts": outcome.attempts, "expires_at": expires_at},
-        )
-    send_dead_letter(asked.task_id, asked.version, batch.task_type, batch.execution, error)
+        status = TaskStatus.SUCCEEDED
+        fields["fired_at"] = clock.to_iso(outcome.fired_ms)
+        fields["lateness_ms"] = outcome.fired_ms - asked.due_ms
+        fields["result"] = json.dumps(outcome.result)
+    else:
+        status = TaskStatus.FAILED
+        error = {"Error": outcome.error, "Cause": outcome.cause}
+        fields["error"] = json.dumps(error)
+    finished = written(
+        asked.task_id,
+        deadline_ms,
+        lambda: store.finish(asked.task_id, asked.version, status, fields),
+    )
+    if isinstance(outcome, Failed):
+        send_dead_letter(asked.task_id, asked.version, batch.task_type, batch.execution, error)
     return finished
 
 
@@ -269,13 +299,14 @@ def execute(
     if batch.task_type is not expected_type:
         raise ValueError(f"a {batch.task_type} batch reached the {expected_type} executor")
     store = TaskStore(settings().tasks_table)
-    claimed = claim_batch(store, batch)
-    deadline_ms = clock.now_ms() + remaining_ms() - FINISH_MARGIN_MS
+    ends_ms = clock.now_ms() + remaining_ms()
+    deadline_ms = ends_ms - FINISH_MARGIN_MS
+    claimed = claim_batch(store, batch, deadline_ms)
 
     def run(pair: tuple[BatchTask, ClaimedTask | Failed]) -> tuple[Fired | Failed, bool]:
         asked, task = pair
         outcome = task if isinstance(task, Failed) else fire(task, deadline_ms)
-        return outcome, _finish(store, batch, asked, outcome)
+        return outcome, _finish(store, batch, asked, outcome, ends_ms - MARK_MARGIN_MS)
 
     counts = Counter(tasks=len(batch.tasks), claimed=len(claimed))
     if claimed:

@@ -4,10 +4,12 @@ import json
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import boto3
 import pytest
+from botocore.awsrequest import AWSPreparedRequest, AWSResponse
 from botocore.exceptions import EndpointConnectionError
 
 from tests.conftest import (
@@ -190,6 +192,47 @@ def test_an_ambiguous_write_neither_skips_the_task_nor_fails_it(runtime, receive
     assert result == {"tasks": 1, "claimed": 1, "fired": 1}
     assert stored(ids[0])["status"] == "SUCCEEDED" and len(receiver.received()) == 1
     assert dead_letters(runtime) == []
+
+
+class _Body:
+    """A raw HTTP body as botocore reads it."""
+
+    def __init__(self, data: bytes):
+        self._data = data
+
+    def stream(self, **_: object) -> Iterator[bytes]:
+        yield self._data
+
+
+def test_a_brownout_that_spends_botocores_retry_quota_still_claims_and_marks_the_batch(
+    runtime, receiver
+):
+    """Every claim and mark of a 40-task batch is refused twice with a 500 before it goes
+    through. botocore's retry quota (shared by the client) is spent after a few dozen such
+    retries, and from then on botocore gives a write up at its first refusal: the executor
+    keeps trying each write in its own time, and the batch fires whole, each task once."""
+    ids = store_pending(receiver.url, 40, 1500, "brownout")
+    client = aws.resource("dynamodb").meta.client
+    refused: Counter[bytes] = Counter()
+
+    def refuse_twice(request: AWSPreparedRequest, **_: object) -> AWSResponse | None:
+        body = request.body if isinstance(request.body, bytes) else str(request.body).encode()
+        if (b"claimed_by" not in body and b'":status"' not in body) or refused[body] >= 2:
+            return None
+        refused[body] += 1
+        error = b'{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError"}'
+        return AWSResponse(request.url, 500, {}, _Body(error))
+
+    client.meta.events.register("before-send.dynamodb.UpdateItem", refuse_twice)
+    try:
+        event = {**batch_event(ids[0]), "tasks": [batch_event(i)["tasks"][0] for i in ids]}
+        result = runtime.invoke("WebhookExecutorFunction", event)
+    finally:
+        client.meta.events.unregister("before-send.dynamodb.UpdateItem", refuse_twice)
+    assert len(refused) == 80 and set(refused.values()) == {2}  # each claim and mark
+    assert result == {"tasks": 40, "claimed": 40, "fired": 40}
+    assert {stored(i)["status"] for i in ids} == {"SUCCEEDED"}
+    assert Counter(a.task_id for a in receiver.received()) == dict.fromkeys(ids, 1)
 
 
 @pytest.mark.parametrize("write", ["PutItem", "UpdateItem"])
