@@ -103,16 +103,17 @@ def _catch_up(
 ) -> tuple[Turned, str, int | None]:
     """Past the occurrences missed while nothing ran: skipped, or the latest made a task
     (due at its own time, so it fires at once and shows how late it is)."""
-    cutoff = now_ms - MISSED_AFTER_MS
-    missed = list(_until(occurrences, int(schedule["next_ms"]), cutoff))
+    cutoff, missed, last = now_ms - MISSED_AFTER_MS, 0, int(schedule["next_ms"])
+    for moment in _until(occurrences, last, cutoff):  # counted, not kept: up to a day's
+        missed, last = missed + 1, moment
     resume = occurrences.first_from(cutoff)
-    logger.info("missed", schedule_id=schedule["schedule_id"], occurrences=len(missed))
+    logger.info("missed", schedule_id=schedule["schedule_id"], occurrences=missed)
     if schedule.get("catch_up") != "latest":
-        turned = Turned.TAKEN if store.advance(schedule, resume, len(missed)) else Turned.CHANGED
+        turned = Turned.TAKEN if store.advance(schedule, resume, missed) else Turned.CHANGED
         return turned, "", resume
-    latest = _latest_before(occurrences, missed[-1], cutoff)
+    latest = _latest_before(occurrences, last, cutoff)
     task = occurrence_task(schedule, latest, now_ms, config)
-    turned = store.turn_into_task(schedule, task, resume, len(missed) - 1)
+    turned = store.turn_into_task(schedule, task, resume, missed - 1)
     return turned, task["task_id"], resume
 
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from tocsin import clock
 from tocsin.dispatch import dispatch_all, due_task
-from tocsin.errors import Conflict, InvalidSchedule, InvalidTask, NotFound
+from tocsin.errors import Conflict, InvalidSchedule, NotFound
 from tocsin.index_keys import shard_of
 from tocsin.lifecycle import MAX_PAGE, decode_page_key, encode_page_key
 from tocsin.model import (
@@ -98,11 +98,6 @@ def _store(config: Settings) -> ScheduleStore:
     return ScheduleStore(config.schedules_table, config.tasks_table)
 
 
-def _refused(error: ValidationError) -> InvalidSchedule:
-    refusal = invalid(error)
-    return InvalidSchedule(refusal.message, refusal.field)
-
-
 def _ms(moment: Any) -> int | None:
     return None if moment is None else clock.to_ms(moment)
 
@@ -120,10 +115,7 @@ def _schedule_item(
     if start is not None and start - now_ms > config.horizon_days * 86_400_000:
         raise InvalidSchedule(f"start_at: more than {config.horizon_days} days ahead", "start_at")
     rule = parse(spec.expression, spec.timezone, start if start is not None else anchor_ms)
-    try:
-        target, payload = checked_content(spec.type, spec.target, spec.payload)
-    except InvalidTask as refusal:
-        raise InvalidSchedule(refusal.message, refusal.field) from None
+    target, payload = checked_content(spec.type, spec.target, spec.payload, InvalidSchedule)
     item: dict[str, Any] = {
         "schedule_id": schedule_id,
         "owner": owner,
@@ -239,7 +231,7 @@ def create_schedule(body: Any, owner: str, config: Settings) -> tuple[dict[str, 
     try:
         spec = ScheduleSpec.model_validate(body)
     except ValidationError as error:
-        raise _refused(error) from None
+        raise invalid(error, kind=InvalidSchedule) from None
     now = clock.now_ms()
     schedule_id = spec.id or uuid.uuid4().hex
     item = _schedule_item(schedule_id, spec, owner, now, now, config)
@@ -266,7 +258,7 @@ def list_schedules(query: dict[str, str], owner: str, config: Settings) -> dict[
     try:
         listing = ScheduleListing.model_validate(query)
     except ValidationError as error:
-        raise _refused(error) from None
+        raise invalid(error, kind=InvalidSchedule) from None
     start = decode_page_key(listing.next, owner, SCHEDULE_PAGE_KEY) if listing.next else None
     items, last = _store(config).owned(owner, listing.limit, start)
     now = clock.now_ms()
@@ -293,7 +285,7 @@ def _merged(item: dict[str, Any], change: ScheduleChange) -> ScheduleSpec:
     try:
         return ScheduleSpec.model_validate(stored | changes)
     except ValidationError as error:
-        raise _refused(error) from None
+        raise invalid(error, kind=InvalidSchedule) from None
 
 
 def update_schedule(schedule_id: str, body: Any, owner: str, config: Settings) -> dict[str, Any]:
@@ -304,7 +296,7 @@ def update_schedule(schedule_id: str, body: Any, owner: str, config: Settings) -
     try:
         change = ScheduleChange.model_validate(body)
     except ValidationError as error:
-        raise _refused(error) from None
+        raise invalid(error, kind=InvalidSchedule) from None
     if not change.model_fields_set:
         raise InvalidSchedule("body: give what changes", field="body")
     store = _store(config)

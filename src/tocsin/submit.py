@@ -24,7 +24,7 @@ from pydantic import (
 
 from tocsin import clock
 from tocsin.dispatch import dispatch_if_due_soon
-from tocsin.errors import Conflict, InvalidTask
+from tocsin.errors import Conflict, InvalidTask, TaskError
 from tocsin.index_keys import due_index_keys
 from tocsin.model import (
     DEFAULT_MAX_ATTEMPTS,
@@ -103,30 +103,37 @@ class Submitted:
     created: bool
 
 
-def invalid(error: ValidationError, prefix: str = "") -> InvalidTask:
-    """The first pydantic error as an InvalidTask naming its field (dotted path)."""
+def invalid(
+    error: ValidationError, prefix: str = "", kind: type[TaskError] = InvalidTask
+) -> TaskError:
+    """The first pydantic error as a `kind` of refusal (a task's, or a schedule's) naming
+    its field (dotted path)."""
     first = error.errors()[0]
     field = ".".join(str(part) for part in (prefix, *first["loc"]) if part != "") or "body"
-    return InvalidTask(f"{field}: {first['msg']}", field=field)
+    return kind(f"{field}: {first['msg']}", field=field)
 
 
-def payload_json(payload: JsonValue) -> str:
-    """The payload as stored; raises InvalidTask when it is over the size limit."""
+def payload_json(payload: JsonValue, kind: type[TaskError] = InvalidTask) -> str:
+    """The payload as stored; raises `kind` when it is over the size limit."""
     encoded = json.dumps(payload, separators=(",", ":"))
     if len(encoded.encode()) > MAX_PAYLOAD_BYTES:
-        raise InvalidTask(f"payload: larger than {MAX_PAYLOAD_BYTES} bytes", field="payload")
+        raise kind(f"payload: larger than {MAX_PAYLOAD_BYTES} bytes", field="payload")
     return encoded
 
 
 def checked_content(
-    task_type: TaskType, target: dict[str, Any], payload: JsonValue
+    task_type: TaskType,
+    target: dict[str, Any],
+    payload: JsonValue,
+    kind: type[TaskError] = InvalidTask,
 ) -> tuple[str, str]:
-    """A task's target and payload as stored; InvalidTask naming the field at fault."""
+    """A task's (or a schedule's) target and payload as stored; `kind` of refusal naming
+    the field at fault."""
     try:
         parsed = parse_target(task_type, target)
     except ValidationError as error:
-        raise invalid(error, "target") from None
-    return parsed.model_dump_json(), payload_json(payload)
+        raise invalid(error, "target", kind) from None
+    return parsed.model_dump_json(), payload_json(payload, kind)
 
 
 def task_item(
