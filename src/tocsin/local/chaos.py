@@ -9,7 +9,6 @@ due time), lost (neither delivered nor in a state that says why) and dlq_missing
 FAILED task with no dead-letter message holding its error).
 """
 
-import functools
 import json
 import random
 import tempfile
@@ -69,9 +68,11 @@ class Trial:
             "payload": {"task": task_id},
         }
 
-    def plan(self, count: int, prefix: str, spread_ms: int = 3000) -> list[tuple[str, int]]:
-        """Ids and due times from LEAD_IN_MS ahead, at random over `spread_ms`."""
-        start = clock.now_ms() + LEAD_IN_MS
+    def plan(
+        self, count: int, prefix: str, spread_ms: int = 3000, lead_in_ms: int = LEAD_IN_MS
+    ) -> list[tuple[str, int]]:
+        """Ids and due times from `lead_in_ms` ahead, at random over `spread_ms`."""
+        start = clock.now_ms() + lead_in_ms
         plan = [(f"{prefix}-{i}", start + self.rng.randrange(spread_ms)) for i in range(count)]
         for task_id, due_ms in plan:
             self.due[f"{task_id}:1"] = due_ms
@@ -362,6 +363,7 @@ def webhook_faults(trial: Trial, tasks: int) -> None:
 
 
 RACE_WINDOW_MS = (-1500, 700)  # around the wake: moto's Wait ends up to 1 s before it
+RACE_SPACING_MS = 25  # between the races' due times, on average: their API calls keep pace
 
 
 def _wake_ms(task_id: str, due_ms: int) -> int:
@@ -380,10 +382,14 @@ def _wake_ms(task_id: str, due_ms: int) -> int:
 def cancel_and_reschedule_races(trial: Trial, tasks: int) -> None:
     """Cancels and reschedules land around each task's claim (its execution's wake time),
     their offsets spread evenly over RACE_WINDOW_MS: some before the claim (cancelled and
-    never fired, or rescheduled), some after it (409, and the task fires once)."""
-    plan = trial.plan(tasks, "race")
-    for task_id, due_ms in plan:
-        assert trial.api("POST", "/tasks", trial.body(task_id, due_ms))[0] == 201
+    never fired, or rescheduled), some after it (409, and the task fires once).
+
+    Each task's race starts as soon as it is submitted, and the tasks fall due a full lead
+    later than elsewhere, RACE_SPACING_MS apart on average: its execution wakes a lead
+    before it is due, and an act planned before the wake must not find it past."""
+    lead_ms = int(trial.runtime.parameters["LeadMilliseconds"])
+    spread_ms = max(3000, tasks * RACE_SPACING_MS)
+    plan = sorted(trial.plan(tasks, "race", spread_ms, LEAD_IN_MS + lead_ms), key=lambda p: p[1])
     low, high = RACE_WINDOW_MS
     answers: dict[str, tuple[str, int]] = {}
 
@@ -398,13 +404,16 @@ def cancel_and_reschedule_races(trial: Trial, tasks: int) -> None:
             status, _ = trial.api("DELETE", f"/tasks/{task_id}")
         answers[task_id] = ("PATCH" if reschedule else "DELETE", status)
 
-    work = []
+    racing = []
     for n, (task_id, due_ms) in enumerate(plan):
+        assert trial.api("POST", "/tasks", trial.body(task_id, due_ms))[0] == 201
         kind = n % 2  # cancels and reschedules each get offsets across the whole window
         share = (n // 2) / max(1, (len(plan) - 1) // 2)
         offset = round(low + share * (high - low))
-        work.append(functools.partial(act, task_id, due_ms, offset, kind == 0))
-    _together(work)
+        racing.append(threading.Thread(target=act, args=(task_id, due_ms, offset, kind == 0)))
+        racing[-1].start()
+    for thread in racing:
+        thread.join()
     trial.settle()
     delivered = Counter(a.task_id for a in trial.receiver.received() if 200 <= a.status < 300)
     trial.notes["cancelled_never_fired"] = sum(
