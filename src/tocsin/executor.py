@@ -9,9 +9,10 @@ task SUCCEEDED, or FAILED with a dead-letter message of its own. A slow target h
 only its own task.
 
 Only what concerns the whole batch fails the invocation, for the state machine to retry:
-a claim or mark that could not be written in the time the invocation has (`TableUnavailable`),
-or a task another invocation is still delivering (`DeliveryInProgress`). A retry re-claims what this
-execution holds; what was sent is not sent again (the idempotency record answers).
+a claim or mark that could not be written in the time the invocation has
+(`TableUnavailable`), or a task another invocation is still delivering
+(`DeliveryInProgress`). A retry re-claims what this execution holds; what was sent is
+not sent again (the idempotency record answers).
 """
 
 import json
@@ -64,14 +65,12 @@ MARK_MARGIN_MS = 1000  # kept back from the final marks' retries for a dead lett
 WRITE_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8)  # between tries of one claim or mark, with jitter
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0)  # before the 2nd, 3rd, 4th and 5th attempt
 IN_PROGRESS_POLL_S = 1.0
+Written = TypeVar("Written")  # what a claim or mark returns
 
 
 class TableUnavailable(Exception):
     """A claim or a final mark could not be written in the invocation's time (the table is
     busy or down): the invocation is retried, and takes back what it holds."""
-
-
-Written = TypeVar("Written")
 
 
 class DeliveryInProgress(Exception):
