@@ -425,10 +425,17 @@ def cancel_and_reschedule_races(trial: Trial, tasks: int) -> None:
     trial.notes["rescheduled"] = sum(answer == ("PATCH", 200) for answer in answers.values())
 
 
+RESTART_SPREAD_MS = 20_000
+
+
 def restart(trial: Trial, tasks: int) -> None:
     """The runtime stops mid-run, with tasks fired, in their gate (RUNNING), waiting
-    (SCHEDULED) and not yet found (PENDING), then starts again on the same state."""
-    dispatched = trial.store(tasks - tasks // 4, "restart", spread_ms=8000)
+    (SCHEDULED) and not yet found (PENDING), then starts again on the same state.
+
+    The stop lets invocations under way finish (as Lambda would), so the tasks then in
+    their gates end SUCCEEDED; the dispatched tasks spread over RESTART_SPREAD_MS, well
+    past a lead, so that many executions are still waiting to wake at the stop."""
+    dispatched = trial.store(tasks - tasks // 4, "restart", spread_ms=RESTART_SPREAD_MS)
     trial.finder_until_done()
     trial.store(tasks // 4, "unfound")  # overdue by the restart: they fire at once, late
     last_due = max(trial.due[f"{task_id}:1"] for task_id in dispatched)
