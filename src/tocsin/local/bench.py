@@ -697,8 +697,9 @@ def _bins(*samples: list[int], count: int = 60) -> list[int]:
 
 
 def plot(results: dict[str, Any], path: str) -> None:
-    """Lateness histograms, one row per timing scenario: both variants on one scale, then
-    tocsin alone, whose milliseconds are one bar on the baseline's scale."""
+    """Lateness, one row per timing scenario: histograms of both variants on one scale,
+    then of tocsin alone, whose milliseconds are one bar on the baseline's scale; for a
+    scenario without a baseline, its histogram and the share of tasks by lateness."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -714,12 +715,20 @@ def plot(results: dict[str, Any], path: str) -> None:
                 both.hist(samples[variant], bins=bins, alpha=0.7, color=color, label=variant)
         both.set_title(f"{name}: arrival minus due time")
         both.legend()
-        alone.hist(samples["tocsin"], bins=_bins(samples["tocsin"]), color="tab:blue")
-        alone.set_title(f"{name}: tocsin alone")
+        both.set_ylabel("tasks")
+        if "baseline" in samples:
+            alone.hist(samples["tocsin"], bins=_bins(samples["tocsin"]), color="tab:blue")
+            alone.set_title(f"{name}: tocsin alone")
+            alone.set_ylabel("tasks")
+        else:
+            ordered = sorted(samples["tocsin"])
+            shares = [(n + 1) / len(ordered) for n in range(len(ordered))]
+            alone.plot(ordered, shares, color="tab:blue")
+            alone.set_title(f"{name}: share of tasks fired within a lateness")
+            alone.set_ylabel("share of tasks")
         for axis in (both, alone):
             axis.axvline(0, color="black", linewidth=0.8)
             axis.set_xlabel("lateness, ms (negative: early)")
-            axis.set_ylabel("tasks")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 
