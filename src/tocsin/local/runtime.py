@@ -635,12 +635,19 @@ class EmbeddedRuntime:
                     log.debug("stop %s: %s", execution.execution_arn, error)
 
     def _tick(self) -> None:
+        """The finder at a fixed rate, as EventBridge's rule runs it: every interval from
+        the last start, not an interval after each run ends (a busy run of 7 s then made a
+        period of 12 s, and the look-ahead's margin too short: tasks started after their
+        wake fired seconds late). A run longer than the interval is followed at once."""
         assert self.finder_interval_s
-        while not self._stop.wait(self.finder_interval_s):
+        next_start = time.monotonic() + self.finder_interval_s
+        while not self._stop.wait(max(0.0, next_start - time.monotonic())):
+            next_start += self.finder_interval_s
             try:
                 self.run_finder()
             except Exception:
                 log.exception("finder run failed")
+            next_start = max(next_start, time.monotonic())
 
     def _poll(self) -> None:
         while not self._stop.is_set():
