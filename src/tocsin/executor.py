@@ -37,7 +37,8 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import (
     IdempotencyPersistenceLayerError,
 )
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
+from botocore.exceptions import ConnectionError as EndpointUnreachable
 from pydantic import BaseModel, Field, ValidationError
 
 from tocsin import aws, clock, gate
@@ -61,6 +62,7 @@ idempotency_config = IdempotencyConfig(
 )
 CLAIM_WORKERS = 32
 FINISH_MARGIN_MS = 3000  # kept back from retries for the final marks and dead letters
+CLAIMS_SHARE = 3  # of the time, for claims: then a fresh invocation beats sends out of time
 MARK_MARGIN_MS = 1000  # kept back from the final marks' retries for a dead letter and the reply
 WRITE_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8)  # between tries of one claim or mark, with jitter
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0)  # before the 2nd, 3rd, 4th and 5th attempt
@@ -217,25 +219,40 @@ def table_errors(task_id: str) -> Iterator[None]:
 
 
 def written(task_id: str, deadline_ms: int, write: Callable[[], Written]) -> Written:
-    """A claim or final mark, tried again while the invocation has time before `deadline_ms`.
+    """A claim or final mark, tried again while the invocation has time before `deadline_ms`
+    for another try as long as the last (a try may hold botocore's own retries).
 
     botocore's standard mode shares one retry quota per client, and stops retrying when it
     is spent: in a brownout, a batch's hundreds of writes spend it in a few dozen retried
     500s, and every write after that would fail on its first refusal, failing the whole
     batch. Each write here keeps its own tries. Claims and marks are safe to repeat: a try
     that committed unseen is found by the next (`TaskStore.claim`, `TaskStore.finish`).
+    A fault no later try can mend (a malformed request, no credentials) is not retried.
     """
     tries = 0
     while True:
         tries += 1
+        began = clock.now_ms()
+        if began > deadline_ms:  # queued behind the batch's other writes past the deadline
+            raise TableUnavailable(f"{task_id}: no time left to write")
         try:
             with table_errors(task_id):
                 return write()
-        except TableUnavailable:
+        except TableUnavailable as unavailable:
             pause_s = WRITE_PAUSES_S[min(tries, len(WRITE_PAUSES_S)) - 1] * random.uniform(0.5, 1)
-            if clock.now_ms() + pause_s * 1000 > deadline_ms:
+            took_ms = clock.now_ms() - began
+            if not _may_pass(unavailable.__cause__):
+                raise
+            if clock.now_ms() + pause_s * 1000 + took_ms > deadline_ms:
                 raise
             time.sleep(pause_s)
+
+
+def _may_pass(fault: BaseException | None) -> bool:
+    """A fault a later try may not meet: throttling, a 5xx, a connection that failed."""
+    if isinstance(fault, ClientError):
+        return aws.is_transient(fault)
+    return isinstance(fault, (EndpointUnreachable, HTTPClientError))
 
 
 def claim_batch(
@@ -298,9 +315,10 @@ def execute(
     if batch.task_type is not expected_type:
         raise ValueError(f"a {batch.task_type} batch reached the {expected_type} executor")
     store = TaskStore(settings().tasks_table)
-    ends_ms = clock.now_ms() + remaining_ms()
+    began_ms = clock.now_ms()
+    ends_ms = began_ms + remaining_ms()
     deadline_ms = ends_ms - FINISH_MARGIN_MS
-    claimed = claim_batch(store, batch, deadline_ms)
+    claimed = claim_batch(store, batch, began_ms + (deadline_ms - began_ms) // CLAIMS_SHARE)
 
     def run(pair: tuple[BatchTask, ClaimedTask | Failed]) -> tuple[Fired | Failed, bool]:
         asked, task = pair

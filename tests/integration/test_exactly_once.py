@@ -1,6 +1,7 @@
 """Racing finders, a crash between StartExecution and the mark, and failing executors."""
 
 import json
+import logging
 import threading
 import time
 from collections import Counter
@@ -205,7 +206,7 @@ class _Body:
 
 
 def test_a_brownout_that_spends_botocores_retry_quota_still_claims_and_marks_the_batch(
-    runtime, receiver
+    runtime, receiver, caplog
 ):
     """Every claim and mark of a 40-task batch is refused twice with a 500 before it goes
     through. botocore's retry quota (shared by the client) is spent after a few dozen such
@@ -224,11 +225,13 @@ def test_a_brownout_that_spends_botocores_retry_quota_still_claims_and_marks_the
         return AWSResponse(request.url, 500, {}, _Body(error))
 
     client.meta.events.register("before-send.dynamodb.UpdateItem", refuse_twice)
+    caplog.set_level(logging.DEBUG, logger="botocore.retries.standard")
     try:
         event = {**batch_event(ids[0]), "tasks": [batch_event(i)["tasks"][0] for i in ids]}
         result = runtime.invoke("WebhookExecutorFunction", event)
     finally:
         client.meta.events.unregister("before-send.dynamodb.UpdateItem", refuse_twice)
+    assert "retry quota reached" in caplog.text  # botocore gave writes up at a refusal
     assert len(refused) == 80 and set(refused.values()) == {2}  # each claim and mark
     assert result == {"tasks": 40, "claimed": 40, "fired": 40}
     assert {stored(i)["status"] for i in ids} == {"SUCCEEDED"}
