@@ -19,9 +19,8 @@ import json
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, TypeVar
@@ -207,27 +206,18 @@ def _claimed(item: dict[str, Any], asked: BatchTask, task_type: TaskType) -> Cla
         return Failed("PermanentTargetError", f"malformed stored task: {error}", 0)
 
 
-@contextmanager
-def table_errors(task_id: str) -> Iterator[None]:
-    """botocore's retries are spent on a transient fault: the invocation is to be retried."""
-    try:
-        yield
-    except (BotoCoreError, ClientError) as error:
-        if isinstance(error, BotoCoreError) or aws.is_transient(error):
-            raise TableUnavailable(f"{task_id}: {type(error).__name__}") from error
-        raise
-
-
 def written(task_id: str, deadline_ms: int, write: Callable[[], Written]) -> Written:
     """A claim or final mark, tried again while the invocation has time before `deadline_ms`
-    for another try as long as the last (a try may hold botocore's own retries).
+    for another try as long as the last (a try may hold botocore's own retries); then
+    TableUnavailable, for the invocation to be retried.
 
     botocore's standard mode shares one retry quota per client, and stops retrying when it
     is spent: in a brownout, a batch's hundreds of writes spend it in a few dozen retried
     500s, and every write after that would fail on its first refusal, failing the whole
     batch. Each write here keeps its own tries. Claims and marks are safe to repeat: a try
     that committed unseen is found by the next (`TaskStore.claim`, `TaskStore.finish`).
-    A fault no later try can mend (a malformed request, no credentials) is not retried.
+    A fault no later try can mend (a malformed request, no credentials) is not retried,
+    and a refusal that is not the table's state (a 4xx) is raised as it is.
     """
     tries = 0
     while True:
@@ -236,19 +226,18 @@ def written(task_id: str, deadline_ms: int, write: Callable[[], Written]) -> Wri
         if began > deadline_ms:  # queued behind the batch's other writes past the deadline
             raise TableUnavailable(f"{task_id}: no time left to write")
         try:
-            with table_errors(task_id):
-                return write()
-        except TableUnavailable as unavailable:
+            return write()
+        except (BotoCoreError, ClientError) as fault:
+            if isinstance(fault, ClientError) and not aws.is_transient(fault):
+                raise
             pause_s = WRITE_PAUSES_S[min(tries, len(WRITE_PAUSES_S)) - 1] * random.uniform(0.5, 1)
             took_ms = clock.now_ms() - began
-            if not _may_pass(unavailable.__cause__):
-                raise
-            if clock.now_ms() + pause_s * 1000 + took_ms > deadline_ms:
-                raise
+            if not _may_pass(fault) or clock.now_ms() + pause_s * 1000 + took_ms > deadline_ms:
+                raise TableUnavailable(f"{task_id}: {type(fault).__name__}") from fault
             time.sleep(pause_s)
 
 
-def _may_pass(fault: BaseException | None) -> bool:
+def _may_pass(fault: Exception) -> bool:
     """A fault a later try may not meet: throttling, a 5xx, a connection that failed."""
     if isinstance(fault, ClientError):
         return aws.is_transient(fault)
