@@ -5,13 +5,13 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import boto3
 import pytest
 from botocore.awsrequest import AWSPreparedRequest, AWSResponse
 from botocore.exceptions import EndpointConnectionError
+from moto.core.botocore_stubber import MockRawResponse
 
 from tests.conftest import (
     LOOPBACK_ALLOWED,
@@ -195,16 +195,6 @@ def test_an_ambiguous_write_neither_skips_the_task_nor_fails_it(runtime, receive
     assert dead_letters(runtime) == []
 
 
-class _Body:
-    """A raw HTTP body as botocore reads it."""
-
-    def __init__(self, data: bytes):
-        self._data = data
-
-    def stream(self, **_: object) -> Iterator[bytes]:
-        yield self._data
-
-
 def test_a_brownout_that_spends_botocores_retry_quota_still_claims_and_marks_the_batch(
     runtime, receiver, caplog
 ):
@@ -222,7 +212,7 @@ def test_a_brownout_that_spends_botocores_retry_quota_still_claims_and_marks_the
             return None
         refused[body] += 1
         error = b'{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError"}'
-        return AWSResponse(request.url, 500, {}, _Body(error))
+        return AWSResponse(request.url, 500, {}, MockRawResponse(error))
 
     client.meta.events.register("before-send.dynamodb.UpdateItem", refuse_twice)
     caplog.set_level(logging.DEBUG, logger="botocore.retries.standard")
