@@ -118,3 +118,28 @@ def test_the_generated_signing_secret_is_a_base64_key():
     generate = TEMPLATE["Resources"]["WebhookSigningSecret"]["Properties"]["GenerateSecretString"]
     assert generate["ExcludePunctuation"] and generate["PasswordLength"] % 4 == 0
     assert generate["PasswordLength"] * 3 // 4 >= 32  # at least a 256-bit key
+
+
+def allowed(function: str, resource: str) -> set[str]:
+    """The actions the function's own policy statements allow on one template resource."""
+    statements = [
+        statement
+        for policy in TEMPLATE["Resources"][function]["Properties"]["Policies"]
+        if isinstance(policy, dict) and "Statement" in policy
+        for statement in policy["Statement"]
+    ]
+    actions: set[str] = set()
+    for statement in statements:
+        if statement["Resource"] == {"Fn::GetAtt": [resource, "Arn"]}:
+            names = statement["Action"]
+            actions.update([names] if isinstance(names, str) else names)
+    return actions
+
+
+def test_the_finder_may_write_each_part_of_an_occurrences_transaction():
+    """TransactWriteItems needs the permission of each action it holds (moto checks none):
+    the occurrence's task is a Put, or an Update replacing an older revision's, and the
+    schedule's advance an Update."""
+    assert {"dynamodb:PutItem", "dynamodb:UpdateItem"} <= allowed("FinderFunction", "TasksTable")
+    assert "dynamodb:UpdateItem" in allowed("FinderFunction", "SchedulesTable")
+    assert {"dynamodb:PutItem", "dynamodb:UpdateItem"} <= allowed("ApiFunction", "TasksTable")
