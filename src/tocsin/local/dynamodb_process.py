@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from tocsin.local.moto_history import item_backed_transactions, no_model_history
+from tocsin.local.moto_patches import dynamodb_patches
 
 DYNAMODB_URL = "https://dynamodb.us-east-1.amazonaws.com"
 USAGE_PATH, FAULTS_PATH = "/_tocsin/usage", "/_tocsin/faults"
@@ -153,7 +153,7 @@ def serve() -> None:
     """The child's life: moto's DynamoDB on a free local port (printed), until stdin closes."""
     from moto import mock_aws
 
-    with mock_aws(), no_model_history(), item_backed_transactions():
+    with mock_aws(), dynamodb_patches():
         server = _Server(("127.0.0.1", 0), _Handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         print(server.server_address[1], flush=True)

@@ -7,8 +7,9 @@
   its substitutions resolved from the stack.
 * moto runs the ASL (`execute_state_machine`); its Lambda invoke needs Docker, so invokes are
   routed to the handlers of template.yaml in this process, with their resolved environment.
-* moto parses the ASL and builds new SDK clients for every execution; the parsed program is
-  cached per definition and the task states share one client per service.
+* What the runtime changes inside moto, and why, is in `tocsin.local.moto_patches`: among
+  others, moto parses the ASL and builds new SDK clients for every execution; the parsed
+  program is cached per definition and the task states share one client per service.
 * moto keeps every model object it ever made (for its dashboard) and every thread its
   interpreter started; here it keeps neither, so the heap holds what the services hold.
   What the start built (modules, the stack, the parsed program) is frozen out of the
@@ -33,7 +34,6 @@
   executions were lost (see `tocsin.local.state`).
 """
 
-import functools
 import gc
 import importlib.util
 import io
@@ -47,7 +47,6 @@ import sys
 import threading
 import time
 import warnings
-import weakref
 import zipfile
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -57,10 +56,9 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from tocsin.local import state
+from tocsin.local import moto_patches, state
 from tocsin.local.dynamodb_process import DynamoDBProcess, process_usage
 from tocsin.local.gates_first import GatesFirst
-from tocsin.local.moto_history import no_model_history
 from tocsin.local.queues import QueueMapping, poll, take_over_mappings
 
 ACCOUNT_ID = "123456789012"
@@ -131,66 +129,6 @@ def _load_handler(code_dir: Path, handler: str, logical_id: str) -> Callable[[An
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return getattr(module, attribute)
-
-
-_programs: dict[str, Any] = {}
-_programs_lock = threading.Lock()
-
-
-def _parsed_program(worker: Any) -> Any:
-    """moto parses the ASL again for every execution (~190 ms of CPU for the task machine);
-    parse each definition once and let every execution run the same program. Its parts
-    keep no state of their own: each execution's lives in its environment, under keys the
-    parts make once (made at parse time here, so no two threads make them at once)."""
-    return _parse_once(worker._evaluation_details.state_machine_details.definition)
-
-
-def _parse_once(definition: str) -> Any:
-    from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
-
-    with _programs_lock:
-        if definition not in _programs:
-            program = AmazonStateLanguageParser.parse(definition)[0]
-            _make_heap_keys(program, set())
-            _programs[definition] = program
-        return _programs[definition]
-
-
-def _make_heap_keys(part: Any, seen: set[int]) -> None:
-    """Touch `heap_key` on every evaluable part of a parsed program (it is made lazily)."""
-    from moto.stepfunctions.parser.asl.component.component import Component
-    from moto.stepfunctions.parser.asl.component.eval_component import EvalComponent
-
-    if id(part) in seen:
-        return
-    seen.add(id(part))
-    if isinstance(part, EvalComponent):
-        part.heap_key  # noqa: B018
-    if isinstance(part, Component):
-        children: Any = vars(part).values()
-    elif isinstance(part, dict):
-        children = part.values()
-    elif isinstance(part, list | tuple):
-        children = part
-    else:
-        return
-    for child in children:
-        _make_heap_keys(child, seen)
-
-
-class _RunningThreads(weakref.WeakSet[threading.Thread]):
-    """Where moto's interpreter lists its threads: a thread is dropped once it ends."""
-
-    def append(self, thread: threading.Thread) -> None:
-        self.add(thread)
-
-
-def _serialised(method: Callable[..., Any], lock: threading.RLock) -> Callable[..., Any]:
-    def locked(*args: Any, **kwargs: Any) -> Any:
-        with lock:
-            return method(*args, **kwargs)
-
-    return locked
 
 
 class EmbeddedRuntime:
@@ -432,7 +370,7 @@ class EmbeddedRuntime:
             roleArn=self._resolve(stack, properties["RoleArn"]),
             type=properties.get("StateMachineType", "STANDARD"),
         )
-        _parse_once(definition)  # now, rather than on the first task's clock
+        moto_patches.parse_once(definition)  # now, rather than on the first task's clock
 
     # -- moto seams --------------------------------------------------------------------------
 
@@ -463,31 +401,7 @@ class EmbeddedRuntime:
                 events.remove_targets(Rule=rule["Name"], Ids=[t["Id"] for t in targets])
 
     def _patch_backends(self) -> None:
-        from moto.awslambda.models import LambdaBackend
-        from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
-        from moto.stepfunctions.parser.models import StepFunctionsParserBackend
-
-        lock = threading.RLock()
-        locked = _serialised(StepFunctionsParserBackend.start_execution, lock)
-        self._exits.enter_context(
-            mock.patch.object(StepFunctionsParserBackend, "start_execution", locked)
-        )
-        runtime = self
-
-        def invoke(
-            backend: Any, function_name: str, qualifier: Any, body: Any, *rest: Any
-        ) -> bytes:
-            response_headers = rest[-1]
-            name = backend.get_function(function_name, qualifier).function_name
-            return runtime._route_invoke(name, body, response_headers)
-
-        self._exits.enter_context(mock.patch.object(LambdaBackend, "invoke", invoke))
-        self._exits.enter_context(
-            mock.patch.object(ExecutionWorker, "_get_evaluation_entrypoint", _parsed_program)
-        )
-        self._cache_json_paths()
-        self._share_service_clients()
-        self._keep_no_history()
+        self._exits.enter_context(moto_patches.step_functions_patches(self._route_invoke))
         self._print_no_full_metric_sets()
 
     def _put_gates_first(self) -> None:
@@ -507,17 +421,6 @@ class EmbeddedRuntime:
         events.register("before-call.dynamodb", first.yield_to_gates)
         self._exits.callback(events.unregister, "before-call.dynamodb", first.yield_to_gates)
 
-    def _cache_json_paths(self) -> None:
-        """moto builds a new JSONPath parser (a yacc table) for every path it evaluates, a few
-        ms each, many per execution; a parsed path is only read, so each is parsed once."""
-        import importlib
-
-        prefix = "moto.stepfunctions.parser.asl."
-        for name in ("utils.json_path", "component.common.path.result_path"):
-            module = importlib.import_module(prefix + name)
-            cached = functools.lru_cache(maxsize=1024)(module.parse)
-            self._exits.enter_context(mock.patch.object(module, "parse", cached))
-
     def _print_no_full_metric_sets(self) -> None:
         """Powertools prints a metric set as soon as one metric holds 100 values, even with
         metrics disabled (on AWS that is EMF going to CloudWatch): an executor whose batch
@@ -534,47 +437,6 @@ class EmbeddedRuntime:
         self._exits.enter_context(
             mock.patch.object(cloudwatch, "print", print_if_enabled, create=True)
         )
-
-    def _keep_no_history(self) -> None:
-        """moto keeps every model object (`no_model_history`), and its interpreter every
-        thread it starts: both lists only grow. Here neither is kept."""
-        from moto.stepfunctions.parser.asl.parse import asl_parser  # noqa: F401 (its modules)
-
-        self._exits.enter_context(no_model_history())
-        running_only = _RunningThreads()
-        for name, module in list(sys.modules.items()):
-            if name.startswith("moto.stepfunctions.parser") and hasattr(module, "TMP_THREADS"):
-                self._exits.enter_context(mock.patch.object(module, "TMP_THREADS", running_only))
-
-    def _share_service_clients(self) -> None:
-        """moto builds a new boto3 client for every service task (~5-100 ms of CPU each, three
-        per task); the task machine's states share one client per service instead."""
-        import importlib
-
-        clients: dict[tuple[str, str], Any] = {}
-        lock = threading.Lock()
-        prefix = "moto.stepfunctions.parser.asl.component.state.exec.state_task."
-        modules = (
-            "lambda_eval_utils",
-            "service.state_task_service_dynamodb",
-            "service.state_task_service_sqs",
-        )
-        for name in modules:
-            module = importlib.import_module(prefix + name)
-            create = module.boto_client_for
-
-            def shared(
-                region: str,
-                service: str,
-                state_credentials: Any = None,
-                create: Callable[..., Any] = create,
-            ) -> Any:
-                with lock:
-                    if (region, service) not in clients:
-                        clients[region, service] = create(region, service, state_credentials)
-                    return clients[region, service]
-
-            self._exits.enter_context(mock.patch.object(module, "boto_client_for", shared))
 
     def _route_invoke(self, name: str, body: Any, response_headers: dict[str, str]) -> bytes:
         """Run the function an execution invokes, as Lambda would: an exception is a function
