@@ -16,7 +16,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, Val
 
 from tocsin import clock
 from tocsin.dispatch import dispatch_if_due_soon, stop_own_execution
-from tocsin.errors import Conflict, InvalidTask, NotFound
+from tocsin.errors import Conflict, InvalidTask, NotFound, TaskError
 from tocsin.index_keys import due_index_keys
 from tocsin.model import SCHEDULE_ID_PATTERN, TASK_ID_PATTERN, TaskStatus, task_view
 from tocsin.settings import Settings
@@ -76,9 +76,11 @@ def encode_page_key(key: dict[str, Any], owner: str) -> str:
     return base64.urlsafe_b64encode(json.dumps(plain | {"owner": owner}).encode()).decode()
 
 
-def decode_page_key(token: str, owner: str, names: tuple[str, ...]) -> dict[str, Any]:
+def decode_page_key(
+    token: str, owner: str, names: tuple[str, ...], kind: type[TaskError] = InvalidTask
+) -> dict[str, Any]:
     """The resume key (of an index keyed by `names`) of a `next` token; a token made for
-    another owner or another listing is refused."""
+    another owner or another listing is refused as a `kind` of request (tasks', schedules')."""
     try:
         key = json.loads(base64.urlsafe_b64decode(token.encode()))
     except (binascii.Error, ValueError, UnicodeDecodeError):
@@ -89,7 +91,7 @@ def decode_page_key(token: str, owner: str, names: tuple[str, ...]) -> dict[str,
         or key["owner"] != owner
         or not all(isinstance(v, str) or type(v) is int for v in key.values())
     ):
-        raise InvalidTask("next: not a token from a previous page of this listing", field="next")
+        raise kind("next: not a token from a previous page of this listing", field="next")
     return {name: key[name] for name in names}
 
 

@@ -259,7 +259,11 @@ def list_schedules(query: dict[str, str], owner: str, config: Settings) -> dict[
         listing = ScheduleListing.model_validate(query)
     except ValidationError as error:
         raise invalid(error, kind=InvalidSchedule) from None
-    start = decode_page_key(listing.next, owner, SCHEDULE_PAGE_KEY) if listing.next else None
+    start = (
+        decode_page_key(listing.next, owner, SCHEDULE_PAGE_KEY, InvalidSchedule)
+        if listing.next
+        else None
+    )
     items, last = _store(config).owned(owner, listing.limit, start)
     now = clock.now_ms()
     return {

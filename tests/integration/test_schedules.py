@@ -223,6 +223,9 @@ def test_bad_schedules_are_refused_naming_the_field_and_nothing_is_written(runti
         assert status == 400, (change, reply)
         assert reply["error"]["field"] == field and reply["error"]["code"] == "invalid_schedule"
         assert says in reply["error"]["message"]
+    status, reply = call(runtime, "GET", "/schedules?next=garbage")
+    assert status == 400
+    assert (reply["error"]["field"], reply["error"]["code"]) == ("next", "invalid_schedule")
     assert all_schedules() == [] and all_tasks() == []
 
 
