@@ -164,8 +164,10 @@ class ScheduleStore:
         try:
             self._client.transact_write_items(TransactItems=[write, move])
         except self._cancelled as error:
+            # An item that did not fail has the code "None", or (as DynamoDB's reference
+            # puts it) a null one.
             task_reason, schedule_reason = (
-                reason.get("Code") for reason in error.response["CancellationReasons"]
+                reason.get("Code") or "None" for reason in error.response["CancellationReasons"]
             )
             if schedule_reason == "None" and task_reason == "ConditionalCheckFailed":
                 return Turned.TAKEN
