@@ -41,9 +41,9 @@ from botocore.exceptions import ConnectionError as EndpointUnreachable
 from pydantic import BaseModel, Field, ValidationError
 
 from tocsin import aws, clock, gate
-from tocsin.dead_letter import send_dead_letter
+from tocsin.dead_letter import send_letter
 from tocsin.errors import PermanentTargetError, TransientTargetError
-from tocsin.index_keys import check_index_keys
+from tocsin.index_keys import check_index_keys, owed_letter_keys
 from tocsin.model import (
     DEFAULT_MAX_ATTEMPTS,
     TASK_ID_PATTERN,
@@ -274,7 +274,8 @@ def _finish(
     outcome: Fired | Failed,
     deadline_ms: int,
 ) -> bool:
-    """Record the outcome on the task; a failure also goes to the dead-letter queue."""
+    """Record the outcome on the task; a failure also goes to the dead-letter queue (or is
+    left owed, for the reconciler: a letter that cannot go out fails no other task)."""
     expires_at = settings().expires_at(asked.due_ms)
     fields: dict[str, Any] = {"attempts": outcome.attempts, "expires_at": expires_at}
     if isinstance(outcome, Fired):
@@ -286,13 +287,14 @@ def _finish(
         status = TaskStatus.FAILED
         error = {"Error": outcome.error, "Cause": outcome.cause}
         fields["error"] = json.dumps(error)
+        fields |= owed_letter_keys(asked.task_id, clock.now_ms(), settings())
     finished = written(
         asked.task_id,
         deadline_ms,
         lambda: store.finish(asked.task_id, asked.version, status, fields),
     )
-    if isinstance(outcome, Failed):
-        send_dead_letter(asked.task_id, asked.version, batch.task_type, batch.execution, error)
+    if isinstance(outcome, Failed) and finished:
+        send_letter(store, asked.task_id, asked.version, batch.task_type, batch.execution, error)
     return finished
 
 

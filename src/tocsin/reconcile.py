@@ -12,6 +12,9 @@ run looks at the ones past that time and at their execution:
   and so the idempotency key stay: if the lost execution had sent it, the idempotency
   record answers instead of a second send;
 * after MAX_REQUEUES such ends: FAILED, with a dead letter of its own.
+
+It also sends the dead letters that FAILED tasks still owe past their grace (their failer
+died or met an SQS outage between the mark and the send: see `tocsin.dead_letter`).
 """
 
 import json
@@ -21,8 +24,8 @@ from enum import StrEnum
 from typing import Any
 
 from tocsin import aws, clock
-from tocsin.dead_letter import send_dead_letter
-from tocsin.index_keys import check_shard, due_index_keys
+from tocsin.dead_letter import send_letter
+from tocsin.index_keys import check_shard, due_index_keys, owed_letter_keys
 from tocsin.model import TaskStatus
 from tocsin.observability import logger
 from tocsin.settings import Settings
@@ -37,6 +40,8 @@ class Reconciled(StrEnum):
     FAILED = "failed_stuck"
     STILL_RUNNING = "still_running"
     CHANGED = "changed"  # settled meanwhile: nothing to do
+    LETTER_SENT = "letter_sent"  # a FAILED task's owed dead letter
+    LETTER_OWED = "letter_owed"  # and still owed: SQS refused it again
 
 
 @dataclass
@@ -50,6 +55,7 @@ class ReconcileReport:
             "stuck": stuck,
             Reconciled.REQUEUED.value: self.outcomes[Reconciled.REQUEUED],
             Reconciled.FAILED.value: self.outcomes[Reconciled.FAILED],
+            "letters_sent": self.outcomes[Reconciled.LETTER_SENT],
         }
 
 
@@ -85,26 +91,40 @@ def _settle(store: TaskStore, item: dict[str, Any], config: Settings, now_ms: in
         {
             "error": json.dumps(error),
             "expires_at": config.expires_at(int(item["due_ms"])),
+            **owed_letter_keys(task_id, now_ms, config),
         },
     )
     if failed is None:
         return Reconciled.CHANGED
-    send_dead_letter(task_id, version, item["task_type"], execution or "", error)
+    send_letter(store, task_id, version, item["task_type"], execution or "", error)
     return Reconciled.FAILED
 
 
+def _send_owed_letter(store: TaskStore, item: dict[str, Any]) -> Reconciled:
+    execution = item.get("claimed_by") or item.get("execution_arn") or ""
+    error = json.loads(item["error"])
+    task_id, version, task_type = item["task_id"], int(item["version"]), item["task_type"]
+    sent = send_letter(store, task_id, version, task_type, execution, error)
+    return Reconciled.LETTER_SENT if sent else Reconciled.LETTER_OWED
+
+
 def reconcile(config: Settings, until_ms: int) -> ReconcileReport:
-    """Settle every task in flight whose check time is at or before `until_ms`."""
+    """Settle every task in flight whose check time is at or before `until_ms`, and send
+    the dead letters owed by then."""
     store, now_ms, report = TaskStore(config.tasks_table), clock.now_ms(), ReconcileReport()
     for shard in range(config.shards):
         for entry in list(store.in_shard(check_shard(shard), until_ms)):
             item = store.get(entry["task_id"])
-            in_flight = item and item["status"] in (TaskStatus.SCHEDULED, TaskStatus.RUNNING)
-            if not in_flight or int(item["version"]) != int(entry["version"]):
+            if not item or int(item["version"]) != int(entry["version"]):
+                continue  # changed since the index was read
+            if item["status"] == TaskStatus.FAILED:
+                outcome = _send_owed_letter(store, item)
+            elif item["status"] in (TaskStatus.SCHEDULED, TaskStatus.RUNNING):
+                outcome = _settle(store, item, config, now_ms)
+            else:
                 continue  # settled since the index was read
-            outcome = _settle(store, item, config, now_ms)
             report.outcomes[outcome] += 1
             report.tasks.append((item["task_id"], outcome))
             if outcome is not Reconciled.STILL_RUNNING:
-                logger.warning("stuck task settled", task_id=item["task_id"], outcome=outcome)
+                logger.warning("task reconciled", task_id=item["task_id"], outcome=outcome)
     return report

@@ -235,12 +235,14 @@ class TaskStore:
     ) -> bool:
         """A claimed version's end: SUCCEEDED or FAILED with `fields`. True when it is so now,
         also when a retried write finds its own first try committed; False if the task
-        changed under the claim (it cannot, short of an operator's hand)."""
+        changed under the claim (it cannot, short of an operator's hand). A FAILED task's
+        `fields` hold the index keys it waits at until its letter is sent (`letter_sent`)."""
         names, values, sets = _assignments(fields, "f")
+        leaves = "" if "gsi_pk" in fields else " REMOVE gsi_pk, gsi_due_ms"
         try:
             self._table.update_item(
                 Key={"task_id": task_id},
-                UpdateExpression=f"SET #s = :status, {sets} REMOVE gsi_pk, gsi_due_ms",
+                UpdateExpression=f"SET #s = :status, {sets}{leaves}",
                 ConditionExpression="#s = :running AND #v = :v",
                 ExpressionAttributeNames={**STATUS_AND_VERSION, **names},
                 ExpressionAttributeValues={
@@ -311,11 +313,12 @@ class TaskStore:
     def fail_in_flight(
         self, task_id: str, version: int, fields: dict[str, Any]
     ) -> dict[str, Any] | None:
-        """FAILED with `fields`, if still in flight at `version`; None if it changed."""
+        """FAILED with `fields` (among them the index keys it waits at until its letter is
+        sent), if still in flight at `version`; None if it changed."""
         names, values, sets = _assignments(fields, "f")
         return self._update(
             task_id,
-            f"SET #s = :failed, {sets} REMOVE gsi_pk, gsi_due_ms",
+            f"SET #s = :failed, {sets}",
             "#s IN (:scheduled, :running) AND #v = :v",
             {
                 ":failed": TaskStatus.FAILED.value,
@@ -326,6 +329,15 @@ class TaskStore:
             },
             names,
             returning="ALL_NEW",
+        )
+
+    def letter_sent(self, task_id: str, version: int) -> None:
+        """A FAILED version's dead letter is sent: out of the check shards for good."""
+        self._update(
+            task_id,
+            "REMOVE gsi_pk, gsi_due_ms",
+            "#s = :failed AND #v = :v",
+            {":failed": TaskStatus.FAILED.value, ":v": version},
         )
 
     def check_later(self, task_id: str, version: int, check_ms: int) -> None:

@@ -1,7 +1,10 @@
 """Nothing stuck, ever: tasks whose execution ended without settling them are requeued at
 their version (what was sent is not sent again), or failed to the DLQ after a few tries."""
 
+import json
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 
 import boto3
@@ -10,7 +13,7 @@ from botocore.exceptions import ClientError
 
 from tests.conftest import batch_event, dead_letters, store_pending, stored, wait_for_status
 from tocsin import aws, clock
-from tocsin.index_keys import SETTLE_AFTER_MS
+from tocsin.index_keys import LETTER_GRACE_MS, SETTLE_AFTER_MS
 from tocsin.reconcile import CHECK_AGAIN_MS, MAX_REQUEUES, reconcile
 from tocsin.settings import settings
 from tocsin.store import TaskStore
@@ -103,3 +106,42 @@ def test_a_task_whose_execution_still_runs_is_looked_at_again_later(runtime, rec
     assert item["status"] == "SCHEDULED"
     assert int(item["gsi_due_ms"]) > clock.now_ms() + CHECK_AGAIN_MS - 60_000
     assert reconcile(settings(), clock.now_ms() + 60_000).tasks == []  # not before then
+
+
+@contextmanager
+def sqs_outage() -> Iterator[None]:
+    """SQS refuses every message sent from this process's clients meanwhile."""
+
+    def refuse(**_: object) -> None:
+        raise ClientError({"Error": {"Code": "ServiceUnavailable"}}, "SendMessage")
+
+    events = aws.client("sqs").meta.events
+    events.register("before-call.sqs.SendMessage", refuse)
+    try:
+        yield
+    finally:
+        events.unregister("before-call.sqs.SendMessage", refuse)
+
+
+def test_a_dead_letter_sqs_refused_is_owed_and_sent_once_by_the_reconciler(runtime, receiver):
+    """The task is FAILED and SQS refuses its letter: the batch still succeeds, and the task
+    waits in a check shard until, past the grace, a reconciler run sends its letter."""
+    receiver.status_for["/gone"] = 410
+    [task_id] = store_pending(f"{receiver.url}/gone", 1, -500, "unlettered")
+    with sqs_outage():
+        report = runtime.invoke("WebhookExecutorFunction", batch_event(task_id, GONE))
+    assert report == {"tasks": 1, "claimed": 1, "failed": 1}
+    item = stored(task_id)
+    assert item["status"] == "FAILED" and item["gsi_pk"].startswith("check-")
+    assert dead_letters(runtime) == []
+
+    assert reconcile(settings(), clock.now_ms() + 60_000).tasks == []  # its failer's grace
+    after_grace = clock.now_ms() + LETTER_GRACE_MS + 1
+    with sqs_outage():
+        assert [str(o) for _, o in reconcile(settings(), after_grace).tasks] == ["letter_owed"]
+    assert [str(o) for _, o in reconcile(settings(), after_grace).tasks] == ["letter_sent"]
+    [letter] = dead_letters(runtime)
+    assert (letter["task_id"], letter["version"], letter["execution"]) == (task_id, 1, GONE)
+    assert letter["error"] == json.loads(item["error"])
+    assert "gsi_pk" not in stored(task_id)
+    assert reconcile(settings(), after_grace).tasks == []  # sent once
