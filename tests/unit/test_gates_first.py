@@ -42,3 +42,19 @@ def test_a_gate_far_off_holds_nothing_up(monkeypatch):
     thread.join()
     assert let_go[0] >= due
     assert not first._due  # its deadline is forgotten once it let go
+
+
+def test_a_call_waits_for_the_action_of_a_gate_that_just_let_go(monkeypatch):
+    """The bookkeeping that waited for a gate does not all rush in as it lets go, into the
+    way of the webhook request that the gate let through."""
+    monkeypatch.setattr(gates_first, "WINDOW_MS", 1_000)
+    monkeypatch.setattr(gates_first, "ACTION_MS", 300)
+    first = GatesFirst()
+    thread, let_go = _sleeping_gate(first, clock.now_ms() + 50)
+    first.yield_to_gates()
+    assert let_go and clock.now_ms() >= let_go[0] + 300
+    thread.join()
+    began = clock.now_ms()
+    time.sleep(0.35)  # the action's time is over: calls go at once again
+    first.yield_to_gates()
+    assert clock.now_ms() - began < 400

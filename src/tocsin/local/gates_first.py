@@ -4,11 +4,19 @@ On AWS every gate sleeps in a Lambda of its own, and a task's bookkeeping after 
 (the idempotency record, MarkSucceeded) runs on other machines. Here all of it shares one
 interpreter lock: when 200 gates let go within a second, each fired task's table writes
 took the lock from the gates still waiting, and the last ones let go late. So a DynamoDB
-call from this process waits while any gate is due within `WINDOW_MS` (or overdue), for at
-most `MAX_WAIT_S`. Nothing a gate needs waits: a gate makes no calls while it sleeps.
+call from this process waits while any gate is due within `WINDOW_MS` (or overdue), and for
+`ACTION_MS` after a gate lets go, at most `MAX_WAIT_S` in all. Nothing a gate needs waits:
+a gate makes no calls while it sleeps, nor its action (a webhook request, say) after it.
+
+The wait after a gate matters as much as the one before: the calls held up for a gate
+used to be woken all at once as it let go, and took the lock from the request it had let
+through. In `tocsin bench --scenarios recurring` (1,770 occurrences), the gates let go with
+a p99 of 6 ms past due while the requests arrived with a p99 of 21-25 ms; with the wait
+after, 7-9 ms.
 """
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +24,7 @@ from typing import Any
 from tocsin import clock
 
 WINDOW_MS = 20  # about the longest a DynamoDB call holds the lock here, and then some
+ACTION_MS = 10  # after a gate lets go, its action (a webhook's request, say) goes first too
 MAX_WAIT_S = 1.0  # a run of gates longer than this lets the bookkeeping through anyway
 
 
@@ -24,30 +33,44 @@ class GatesFirst:
 
     def __init__(self) -> None:
         self._due: Counter[int] = Counter()
-        self._changed = threading.Condition()
+        self._acting_until_ms = 0  # the last gate to let go, plus its action's time
+        self._lock = threading.Lock()
 
     def gate(self, wait_until: Callable[[int], int]) -> Callable[[int], int]:
         """`wait_until`, with its deadline known while it sleeps."""
 
         def gated(due_ms: int) -> int:
-            with self._changed:
+            with self._lock:
                 self._due[due_ms] += 1
             try:
                 return wait_until(due_ms)
             finally:
-                with self._changed:
+                with self._lock:
                     self._due[due_ms] -= 1
                     if not self._due[due_ms]:
                         del self._due[due_ms]
-                    if not self._imminent():  # wake the waiters only once the way is clear
-                        self._changed.notify_all()
+                    let_go_until = clock.now_ms() + ACTION_MS
+                    self._acting_until_ms = max(self._acting_until_ms, let_go_until)
 
         return gated
 
     def yield_to_gates(self, **_: Any) -> None:
-        """A `before-call` hook: return once no gate is due within the window."""
-        with self._changed:
-            self._changed.wait_for(lambda: not self._imminent(), timeout=MAX_WAIT_S)
+        """A `before-call` hook: return once no gate is due within the window and no gate's
+        action is under way. Waiters sleep for as long as the gates known then ask; none
+        is woken by a gate letting go, so they do not all wake into the action's way."""
+        give_up = time.monotonic() + MAX_WAIT_S
+        while (pause_ms := self._pause_ms()) > 0:
+            left_s = give_up - time.monotonic()
+            if left_s <= 0:
+                return
+            time.sleep(min(pause_ms / 1000, left_s))
 
-    def _imminent(self) -> bool:
-        return bool(self._due) and min(self._due) <= clock.now_ms() + WINDOW_MS
+    def _pause_ms(self) -> int:
+        """How long a call should wait, as far as the gates known now tell (0: go)."""
+        now = clock.now_ms()
+        with self._lock:
+            soonest = min(self._due, default=None)
+            acting_until = self._acting_until_ms
+        if soonest is not None and soonest <= now + WINDOW_MS:
+            return max(soonest - now, 0) + ACTION_MS
+        return max(acting_until - now, 0)

@@ -17,8 +17,9 @@
 * On AWS each gate sleeps in its own Lambda; here every gate shares one GIL with moto. The
   interpreter's switch interval is 1 ms instead of 5, so a thread leaving its gate gets
   the GIL back sooner from a thread that is busy. And DynamoDB calls wait while a gate is
-  about to let go (`tocsin.local.gates_first`): on AWS the writes of the tasks that just
-  fired run elsewhere, and do not hold up the gates still asleep.
+  about to let go, and while its action goes out (`tocsin.local.gates_first`): on AWS the
+  writes of the tasks that just fired run elsewhere, and do not hold up the gates still
+  asleep or the requests they let through.
 * DynamoDB runs in a child process (`tocsin.local.dynamodb_process`), so its share of the
   work uses the second core; every client here reaches it through
   AWS_ENDPOINT_URL_DYNAMODB. The stack's tables are made there again after the stack.
