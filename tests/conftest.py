@@ -16,6 +16,7 @@ import pytest
 from tocsin import clock
 from tocsin.local.receiver import WebhookReceiver
 from tocsin.local.runtime import EmbeddedRuntime
+from tocsin.local.server import api_event
 from tocsin.settings import settings
 from tocsin.store import TaskStore
 from tocsin.submit import new_item
@@ -45,6 +46,28 @@ def webhook_task(url: str, due_ms: int, task_id: str, payload: Any = None) -> di
         "target": {"url": url},
         "payload": payload if payload is not None else {"task": task_id},
     }
+
+
+def call_api(
+    runtime: EmbeddedRuntime,
+    method: str,
+    target: str,
+    body: Any = None,
+    principal: str | None = "alice",
+) -> tuple[int, Any]:
+    """One request through the API's handler, as API Gateway sends it (`body` a JSON value,
+    or raw text); the status and the decoded reply."""
+    raw = body if isinstance(body, str) or body is None else json.dumps(body)
+    reply = runtime.invoke("ApiFunction", api_event(method, target, raw, principal))
+    return reply["statusCode"], json.loads(reply["body"])
+
+
+def all_tasks() -> list[dict[str, Any]]:
+    return boto3.resource("dynamodb").Table(settings().tasks_table).scan()["Items"]
+
+
+def all_schedules() -> list[dict[str, Any]]:
+    return boto3.resource("dynamodb").Table(settings().schedules_table).scan()["Items"]
 
 
 def stored(task_id: str) -> dict[str, Any]:

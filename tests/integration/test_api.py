@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from tests.conftest import wait_for_status, webhook_task
+from tests.conftest import all_tasks, call_api, wait_for_status, webhook_task
 from tocsin import clock
 from tocsin.local.server import api_event
 from tocsin.model import owner_id
@@ -22,16 +22,6 @@ from tocsin.settings import MAX_PAYLOAD_BYTES, settings
 
 EVENTS = Path(__file__).parents[2] / "events"
 HOUR_MS = 3_600_000
-
-
-def call(runtime, method: str, target: str, body: Any = None, principal: str | None = "alice"):
-    raw = body if isinstance(body, str) or body is None else json.dumps(body)
-    reply = runtime.invoke("ApiFunction", api_event(method, target, raw, principal))
-    return reply["statusCode"], json.loads(reply["body"])
-
-
-def all_items() -> list[dict]:
-    return boto3.resource("dynamodb").Table(settings().tasks_table).scan()["Items"]
 
 
 def sns_task(task_id: str | None = "t-1", due_in_ms: int = HOUR_MS, **changes: Any) -> dict:
@@ -63,18 +53,20 @@ def test_sample_events_run_through_the_handler_in_order(runtime):
 
 def test_submit_creates_then_recognises_the_same_body_and_refuses_another(runtime):
     body = sns_task()
-    status, created = call(runtime, "POST", "/tasks", body)
+    status, created = call_api(runtime, "POST", "/tasks", body)
     assert status == 201 and created["status"] == "PENDING" and created["version"] == 1
     assert created["max_attempts"] == 3 and created["attempts"] == 0
-    assert call(runtime, "POST", "/tasks", body) == (200, created)
-    status, error = call(runtime, "POST", "/tasks", {**body, "payload": {"n": 2}})
+    assert call_api(runtime, "POST", "/tasks", body) == (200, created)
+    status, error = call_api(runtime, "POST", "/tasks", {**body, "payload": {"n": 2}})
     assert status == 409 and error["error"]["field"] == "id"
-    assert call(runtime, "GET", "/tasks/t-1") == (200, created)
+    assert call_api(runtime, "GET", "/tasks/t-1") == (200, created)
 
 
 def test_submit_with_a_delay_generates_an_id_and_counts_from_now(runtime):
     before = clock.now_ms()
-    status, task = call(runtime, "POST", "/tasks", sns_task(None, due_at=None) | {"delay": "PT2H"})
+    status, task = call_api(
+        runtime, "POST", "/tasks", sns_task(None, due_at=None) | {"delay": "PT2H"}
+    )
     after = clock.now_ms()
     assert status == 201 and len(task["id"]) == 32
     due_ms = clock.to_ms(datetime.fromisoformat(task["due_at"]))
@@ -93,9 +85,9 @@ OTHER_PRINCIPALS = [
 @pytest.mark.parametrize(("owner", "other"), OTHER_PRINCIPALS)
 def test_another_principal_can_neither_see_nor_change_a_task_on_any_route(runtime, owner, other):
     for i in range(3):
-        call(runtime, "POST", "/tasks", sns_task(f"t-{i}", due_in_ms=HOUR_MS * (i + 1)), owner)
-    originals = [call(runtime, "GET", f"/tasks/t-{i}", principal=owner)[1] for i in range(3)]
-    _, first_page = call(runtime, "GET", "/tasks?limit=1", principal=owner)
+        call_api(runtime, "POST", "/tasks", sns_task(f"t-{i}", due_in_ms=HOUR_MS * (i + 1)), owner)
+    originals = [call_api(runtime, "GET", f"/tasks/t-{i}", principal=owner)[1] for i in range(3)]
+    _, first_page = call_api(runtime, "GET", "/tasks?limit=1", principal=owner)
     assert first_page["next"]  # the owner has more pages: the token below is a real one
 
     after, before = clock.to_iso(clock.now_ms()), clock.to_iso(clock.now_ms() + 9 * HOUR_MS)
@@ -106,21 +98,21 @@ def test_another_principal_can_neither_see_nor_change_a_task_on_any_route(runtim
         f"/tasks?due_after={after}&due_before={before}&status=PENDING&limit=100",
     ]
     for listing in listings:
-        reply = call(runtime, "GET", listing.replace("+", "%2B"), principal=other)
+        reply = call_api(runtime, "GET", listing.replace("+", "%2B"), principal=other)
         assert reply == (200, {"tasks": [], "next": None})
-    status, error = call(runtime, "GET", f"/tasks?next={first_page['next']}", principal=other)
+    status, error = call_api(runtime, "GET", f"/tasks?next={first_page['next']}", principal=other)
     assert status == 400 and error["error"]["field"] == "next"
     changes = ("GET", None), ("DELETE", None), ("PATCH", {"delay": 60}), ("PATCH", {"payload": 1})
     for method, body in changes:
-        status, error = call(runtime, method, "/tasks/t-0", body, principal=other)
+        status, error = call_api(runtime, method, "/tasks/t-0", body, principal=other)
         assert status == 404 and error["error"]["code"] == "not_found"
-    status, error = call(runtime, "POST", "/tasks", sns_task("t-0"), other)  # the same body
+    status, error = call_api(runtime, "POST", "/tasks", sns_task("t-0"), other)  # the same body
     assert status == 409 and "payload" not in json.dumps(error)
 
     assert [
-        call(runtime, "GET", f"/tasks/t-{i}", principal=owner)[1] for i in range(3)
+        call_api(runtime, "GET", f"/tasks/t-{i}", principal=owner)[1] for i in range(3)
     ] == originals
-    assert {item["owner"] for item in all_items()} == {owner_id(owner)}  # bob wrote nothing
+    assert {item["owner"] for item in all_tasks()} == {owner_id(owner)}  # bob wrote nothing
 
 
 @pytest.mark.parametrize(
@@ -134,28 +126,28 @@ def test_another_principal_can_neither_see_nor_change_a_task_on_any_route(runtim
     ],
 )
 def test_a_role_sees_its_tasks_from_every_session(runtime, session, another):
-    call(runtime, "POST", "/tasks", sns_task(), principal=session)
-    status, task = call(runtime, "GET", "/tasks/t-1", principal=another)
+    call_api(runtime, "POST", "/tasks", sns_task(), principal=session)
+    status, task = call_api(runtime, "GET", "/tasks/t-1", principal=another)
     assert status == 200 and task["id"] == "t-1"
-    assert call(runtime, "DELETE", "/tasks/t-1", principal=another)[0] == 200
+    assert call_api(runtime, "DELETE", "/tasks/t-1", principal=another)[0] == 200
 
 
 def test_a_request_without_an_iam_identity_is_refused(runtime):
-    status, error = call(runtime, "GET", "/tasks", principal=None)
+    status, error = call_api(runtime, "GET", "/tasks", principal=None)
     assert status == 401 and error["error"]["code"] == "unauthenticated"
 
 
 def test_list_pages_through_the_callers_tasks_earliest_first_with_filters(runtime):
     now = clock.now_ms()
     for i in range(7):
-        call(runtime, "POST", "/tasks", sns_task(f"t-{i}", due_in_ms=HOUR_MS * (7 - i)))
-    call(runtime, "POST", "/tasks", sns_task("theirs"), principal="bob")
-    call(runtime, "DELETE", "/tasks/t-3")
+        call_api(runtime, "POST", "/tasks", sns_task(f"t-{i}", due_in_ms=HOUR_MS * (7 - i)))
+    call_api(runtime, "POST", "/tasks", sns_task("theirs"), principal="bob")
+    call_api(runtime, "DELETE", "/tasks/t-3")
 
     seen, token, pages = [], None, 0
     while True:
         query = "/tasks?limit=3" + (f"&next={token}" if token else "")
-        status, page = call(runtime, "GET", query)
+        status, page = call_api(runtime, "GET", query)
         assert status == 200 and len(page["tasks"]) <= 3
         seen += [t["id"] for t in page["tasks"]]
         pages += 1
@@ -164,21 +156,21 @@ def test_list_pages_through_the_callers_tasks_earliest_first_with_filters(runtim
             break
     assert seen == [f"t-{i}" for i in range(6, -1, -1)] and pages == 3
 
-    _, pending = call(runtime, "GET", "/tasks?status=PENDING&limit=100")
+    _, pending = call_api(runtime, "GET", "/tasks?status=PENDING&limit=100")
     assert "t-3" not in {t["id"] for t in pending["tasks"]} and len(pending["tasks"]) == 6
     window = (
         f"/tasks?due_after={clock.to_iso(now + 5 * HOUR_MS // 2)}"
         f"&due_before={clock.to_iso(now + 5 * HOUR_MS + 60_000)}"
     )
-    _, between = call(runtime, "GET", window.replace("+", "%2B"))
+    _, between = call_api(runtime, "GET", window.replace("+", "%2B"))
     assert [t["id"] for t in between["tasks"]] == ["t-4", "t-3", "t-2"]
 
 
 def test_a_page_token_is_bound_to_its_owner(runtime):
     for i in range(3):
-        call(runtime, "POST", "/tasks", sns_task(f"t-{i}"))
-    _, page = call(runtime, "GET", "/tasks?limit=1")
-    status, error = call(runtime, "GET", f"/tasks?next={page['next']}", principal="bob")
+        call_api(runtime, "POST", "/tasks", sns_task(f"t-{i}"))
+    _, page = call_api(runtime, "GET", "/tasks?limit=1")
+    status, error = call_api(runtime, "GET", f"/tasks?next={page['next']}", principal="bob")
     assert status == 400 and error["error"]["field"] == "next"
 
 
@@ -238,19 +230,19 @@ BAD_REQUESTS = [
 def test_bad_requests_get_a_4xx_naming_the_field_and_write_nothing(
     runtime, method, target, body, field
 ):
-    status, error = call(runtime, method, target, body)
+    status, error = call_api(runtime, method, target, body)
     assert 400 <= status < 500, error
     assert error["error"]["field"] == field and error["error"]["message"]
-    assert all_items() == []
+    assert all_tasks() == []
 
 
 def test_a_reschedule_to_long_ago_is_refused_and_changes_nothing(runtime):
-    assert call(runtime, "POST", "/tasks", sns_task())[0] == 201
-    before = all_items()
-    status, error = call(runtime, "PATCH", "/tasks/t-1", {"due_at": "2025-01-15T10:00:00Z"})
+    assert call_api(runtime, "POST", "/tasks", sns_task())[0] == 201
+    before = all_tasks()
+    status, error = call_api(runtime, "PATCH", "/tasks/t-1", {"due_at": "2025-01-15T10:00:00Z"})
     assert status == 400 and error["error"]["field"] == "due_at"
     assert "in the past" in error["error"]["message"]
-    assert all_items() == before
+    assert all_tasks() == before
 
 
 bodies = st.recursive(
@@ -277,7 +269,7 @@ submissions = st.fixed_dictionaries({}, optional=fields) | bodies
 )
 @given(body=submissions)
 def test_generated_bad_bodies_get_a_4xx_and_leave_the_table_unchanged(runtime, body):
-    status, reply = call(runtime, "POST", "/tasks", body)
+    status, reply = call_api(runtime, "POST", "/tasks", body)
     if status in (200, 201):  # the generator found a valid task: fine, but keep the table clean
         boto3.resource("dynamodb").Table(settings().tasks_table).delete_item(
             Key={"task_id": reply["id"]}
@@ -286,14 +278,14 @@ def test_generated_bad_bodies_get_a_4xx_and_leave_the_table_unchanged(runtime, b
     assert 400 <= status < 500, reply
     assert set(reply["error"]) == {"code", "message", "field"}
     assert reply["error"]["message"]
-    assert all_items() == []
+    assert all_tasks() == []
 
 
 def test_a_cancelled_task_never_fires(runtime, receiver):
     due = clock.now_ms() + settings().lead_ms + 4000  # cancelled well before the wake
-    status, task = call(runtime, "POST", "/tasks", webhook_task(receiver.url, due, "c-1"))
+    status, task = call_api(runtime, "POST", "/tasks", webhook_task(receiver.url, due, "c-1"))
     assert status == 201 and task["status"] == "SCHEDULED"
-    status, task = call(runtime, "DELETE", "/tasks/c-1")
+    status, task = call_api(runtime, "DELETE", "/tasks/c-1")
     assert status == 200 and task["status"] == "CANCELLED"
     time.sleep(max(0, due - clock.now_ms()) / 1000 + 1)
     assert runtime.wait_for_executions(10)
@@ -303,13 +295,13 @@ def test_a_cancelled_task_never_fires(runtime, receiver):
 
 def test_cancel_or_reschedule_after_the_fire_is_a_conflict(runtime, receiver):
     due = clock.now_ms() + 1000
-    call(runtime, "POST", "/tasks", webhook_task(receiver.url, due, "f-1"))
+    call_api(runtime, "POST", "/tasks", webhook_task(receiver.url, due, "f-1"))
     wait_for_status("f-1", {"SUCCEEDED"})
-    status, error = call(runtime, "DELETE", "/tasks/f-1")
+    status, error = call_api(runtime, "DELETE", "/tasks/f-1")
     assert status == 409 and "SUCCEEDED" in error["error"]["message"]
-    status, _ = call(runtime, "PATCH", "/tasks/f-1", {"delay": 60})
+    status, _ = call_api(runtime, "PATCH", "/tasks/f-1", {"delay": 60})
     assert status == 409
-    _, task = call(runtime, "GET", "/tasks/f-1")
+    _, task = call_api(runtime, "GET", "/tasks/f-1")
     assert task["status"] == "SUCCEEDED" and task["attempts"] == 1
     assert task["lateness_ms"] >= 0 and task["fired_at"] >= task["due_at"]
 
@@ -321,12 +313,12 @@ def test_cancel_racing_the_fire_gives_exactly_one_outcome(runtime, receiver):
     due = clock.now_ms() + lead + 4000  # the wake comes 3-4 s from now
     offsets = [-lead - 2500, -2500, -1500, -20, -5, 0, 5, 20]
     for i in range(len(offsets)):
-        call(runtime, "POST", "/tasks", webhook_task(receiver.url, due, f"race-{i}"))
+        call_api(runtime, "POST", "/tasks", webhook_task(receiver.url, due, f"race-{i}"))
     outcomes: dict[str, int] = {}
 
     def cancel_at(i: int, offset: int) -> None:
         time.sleep(max(0, due + offset - clock.now_ms()) / 1000)
-        outcomes[f"race-{i}"], _ = call(runtime, "DELETE", f"/tasks/race-{i}")
+        outcomes[f"race-{i}"], _ = call_api(runtime, "DELETE", f"/tasks/race-{i}")
 
     threads = [threading.Thread(target=cancel_at, args=pair) for pair in enumerate(offsets)]
     for thread in threads:
@@ -350,9 +342,9 @@ def test_reschedule_fires_the_new_version_at_the_new_time_only(runtime, receiver
     now = clock.now_ms()
     # Due in 8 s: the Claim waits for a wake-up at least 5 s away, room for the PATCH.
     body = webhook_task(receiver.url, now + 8000, "r-1", {"v": 1})
-    assert call(runtime, "POST", "/tasks", body)[1]["status"] == "SCHEDULED"
+    assert call_api(runtime, "POST", "/tasks", body)[1]["status"] == "SCHEDULED"
     new_due = now + 10_000
-    status, task = call(
+    status, task = call_api(
         runtime, "PATCH", "/tasks/r-1", {"due_at": clock.to_iso(new_due), "payload": {"v": 2}}
     )
     assert status == 200 and task["version"] == 2 and task["due_at"] == clock.to_iso(new_due)
@@ -371,5 +363,5 @@ def test_the_principal_header_is_ignored_when_iam_names_the_caller(runtime):
         "POST", "/tasks", json.dumps(sns_task()), "alice", {"X-Tocsin-Principal": "bob"}
     )
     assert runtime.invoke("ApiFunction", event)["statusCode"] == 201
-    assert call(runtime, "GET", "/tasks/t-1", principal="alice")[0] == 200
-    assert call(runtime, "GET", "/tasks/t-1", principal="bob")[0] == 404
+    assert call_api(runtime, "GET", "/tasks/t-1", principal="alice")[0] == 200
+    assert call_api(runtime, "GET", "/tasks/t-1", principal="bob")[0] == 404

@@ -13,24 +13,25 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
-import boto3
 import pytest
 
-from tests.conftest import free_port, serve, stop, stored, wait_for_status
+from tests.conftest import (
+    all_schedules,
+    all_tasks,
+    call_api,
+    free_port,
+    serve,
+    stop,
+    stored,
+    wait_for_status,
+)
 from tocsin import Client, clock
 from tocsin.local.dynamodb_process import Fault
-from tocsin.local.server import api_event
 from tocsin.occurrences import materialize_due
 from tocsin.settings import settings
 
 RATE_MS = 2000
 EVENTS = Path(__file__).parents[2] / "events"
-
-
-def call(runtime, method: str, target: str, body: Any = None, principal: str = "alice"):
-    raw = None if body is None else json.dumps(body)
-    reply = runtime.invoke("ApiFunction", api_event(method, target, raw, principal))
-    return reply["statusCode"], json.loads(reply["body"])
 
 
 def every_two_seconds(url: str, start_ms: int, schedule_id: str = "tick", **changes: Any):
@@ -46,22 +47,18 @@ def every_two_seconds(url: str, start_ms: int, schedule_id: str = "tick", **chan
 
 
 def occurrences(runtime, schedule_id: str, principal: str = "alice") -> list[dict]:
-    status, page = call(runtime, "GET", f"/tasks?schedule={schedule_id}&limit=100", None, principal)
+    status, page = call_api(
+        runtime, "GET", f"/tasks?schedule={schedule_id}&limit=100", None, principal
+    )
     assert status == 200
     return page["tasks"]
 
 
-def all_schedules() -> list[dict]:
-    return boto3.resource("dynamodb").Table(settings().schedules_table).scan()["Items"]
-
-
-def all_tasks() -> list[dict]:
-    return boto3.resource("dynamodb").Table(settings().tasks_table).scan()["Items"]
-
-
 def test_a_rate_fires_each_occurrence_once_never_early_at_its_millisecond(runtime, receiver):
     start = clock.now_ms() + 3000
-    status, schedule = call(runtime, "POST", "/schedules", every_two_seconds(receiver.url, start))
+    status, schedule = call_api(
+        runtime, "POST", "/schedules", every_two_seconds(receiver.url, start)
+    )
     assert status == 201
     assert schedule["next_due_at"] == clock.to_iso(start)
     assert receiver.wait_for(4, timeout_s=20)
@@ -73,21 +70,21 @@ def test_a_rate_fires_each_occurrence_once_never_early_at_its_millisecond(runtim
     assert [t for t, n in Counter(a.task_id for a in receiver.received()).items() if n > 1] == []
     assert {task["id"] for task in occurrences(runtime, "tick")} >= {a.task_id for a in fired}
     # the same request again is the schedule as stored; another body is a conflict
-    again = call(runtime, "POST", "/schedules", every_two_seconds(receiver.url, start))
+    again = call_api(runtime, "POST", "/schedules", every_two_seconds(receiver.url, start))
     assert again[0] == 200 and again[1]["id"] == "tick"
     other = every_two_seconds(receiver.url, start, payload={"n": 2})
-    assert call(runtime, "POST", "/schedules", other)[0] == 409
-    status, read = call(runtime, "GET", "/schedules/tick")
+    assert call_api(runtime, "POST", "/schedules", other)[0] == 409
+    status, read = call_api(runtime, "GET", "/schedules/tick")
     assert read["last_fired_at"] is not None and read["occurrences"] >= 4
 
 
 def test_edit_pause_resume_and_delete_act_on_occurrences_already_tasks(runtime, receiver):
     start = clock.now_ms() + 2000
-    call(runtime, "POST", "/schedules", every_two_seconds(receiver.url, start))
+    call_api(runtime, "POST", "/schedules", every_two_seconds(receiver.url, start))
     pending = [t for t in occurrences(runtime, "tick") if t["status"] in ("PENDING", "SCHEDULED")]
     assert len(pending) >= 5  # the look-ahead's occurrences are tasks already
 
-    status, edited = call(runtime, "PATCH", "/schedules/tick", {"payload": {"n": 2}})
+    status, edited = call_api(runtime, "PATCH", "/schedules/tick", {"payload": {"n": 2}})
     assert status == 200 and edited["revision"] == 2
     rewritten = {t["id"]: t for t in occurrences(runtime, "tick")}
     for task in pending:  # same times, new payload, next version: the old execution's claim fails
@@ -96,7 +93,7 @@ def test_edit_pause_resume_and_delete_act_on_occurrences_already_tasks(runtime, 
     first = wait_for_status(pending[0]["id"], {"SUCCEEDED"})
     assert json.loads(first["payload"]) == {"n": 2}
 
-    status, paused = call(runtime, "PATCH", "/schedules/tick", {"state": "PAUSED"})
+    status, paused = call_api(runtime, "PATCH", "/schedules/tick", {"state": "PAUSED"})
     assert status == 200 and paused["state"] == "PAUSED" and paused["next_due_at"] is None
     after_pause = occurrences(runtime, "tick")
     assert not [t for t in after_pause if t["status"] in ("PENDING", "SCHEDULED")]
@@ -105,27 +102,27 @@ def test_edit_pause_resume_and_delete_act_on_occurrences_already_tasks(runtime, 
     claimed = {t["id"] for t in after_pause if t["status"] in ("RUNNING", "SUCCEEDED")}
     assert {a.task_id for a in receiver.received()} <= fired_before | claimed
 
-    status, resumed = call(runtime, "PATCH", "/schedules/tick", {"state": "ENABLED"})
+    status, resumed = call_api(runtime, "PATCH", "/schedules/tick", {"state": "ENABLED"})
     assert status == 200 and resumed["state"] == "ENABLED"
     resumed_at = clock.now_ms()
     assert receiver.wait_for(len(receiver.received()) + 1, timeout_s=15)
     latest = max(receiver.received(), key=lambda a: a.arrival_ms)
     assert int(stored(latest.task_id)["due_ms"]) >= resumed_at - 1000  # from now on, not before
 
-    status, deleted = call(runtime, "DELETE", "/schedules/tick")
+    status, deleted = call_api(runtime, "DELETE", "/schedules/tick")
     assert status == 200 and deleted["id"] == "tick"
-    assert call(runtime, "GET", "/schedules/tick")[0] == 404
+    assert call_api(runtime, "GET", "/schedules/tick")[0] == 404
     left = occurrences(runtime, "tick")  # its tasks stay listed, the unclaimed ones cancelled
     assert left and not [t for t in left if t["status"] in ("PENDING", "SCHEDULED")]
 
 
 def test_changing_the_expression_cancels_what_no_longer_occurs(runtime, receiver):
     start = clock.now_ms() + 8000  # inside the look-ahead, not yet woken in this test
-    call(runtime, "POST", "/schedules", every_two_seconds(receiver.url, start))
+    call_api(runtime, "POST", "/schedules", every_two_seconds(receiver.url, start))
     before = {t["id"] for t in occurrences(runtime, "tick")}
     assert len(before) >= 5
     change = {"expression": "rate(4 seconds)", "start_at": clock.to_iso(start + 1000)}
-    status, _ = call(runtime, "PATCH", "/schedules/tick", change)
+    status, _ = call_api(runtime, "PATCH", "/schedules/tick", change)
     assert status == 200
     after = occurrences(runtime, "tick")
     live = [t for t in after if t["status"] in ("PENDING", "SCHEDULED")]
@@ -142,7 +139,7 @@ def test_two_finders_at_once_make_one_task_per_occurrence(runtime, receiver):
     start = clock.now_ms() + lookahead_ms + 2000
     for n in range(4):
         body = every_two_seconds(receiver.url, start + n * 100, f"race{n}")
-        assert call(runtime, "POST", "/schedules", body)[0] == 201
+        assert call_api(runtime, "POST", "/schedules", body)[0] == 201
     assert all_tasks() == []
     later = clock.now_ms() + 8000  # as the finder would see it 8 s from now
     barrier, reports = threading.Barrier(2), []
@@ -173,7 +170,7 @@ def test_a_failed_or_ambiguous_write_makes_no_task_twice_and_skips_none(
 ):
     lookahead_ms = settings().lookahead_s * 1000
     start = clock.now_ms() + lookahead_ms + 2000
-    call(runtime, "POST", "/schedules", every_two_seconds(receiver.url, start))
+    call_api(runtime, "POST", "/schedules", every_two_seconds(receiver.url, start))
     later = clock.now_ms() + 6000
     # every transaction fails (or commits, then answers 500) for one finder run
     share = 1.0 if not after_commit else 0.5
@@ -219,11 +216,11 @@ def test_bad_schedules_are_refused_naming_the_field_and_nothing_is_written(runti
         ({"start_at": 12345}, "start_at", "ISO-8601"),
     ]
     for change, field, says in cases:
-        status, reply = call(runtime, "POST", "/schedules", good | change)
+        status, reply = call_api(runtime, "POST", "/schedules", good | change)
         assert status == 400, (change, reply)
         assert reply["error"]["field"] == field and reply["error"]["code"] == "invalid_schedule"
         assert says in reply["error"]["message"]
-    status, reply = call(runtime, "GET", "/schedules?next=garbage")
+    status, reply = call_api(runtime, "GET", "/schedules?next=garbage")
     assert status == 400
     assert (reply["error"]["field"], reply["error"]["code"]) == ("next", "invalid_schedule")
     assert all_schedules() == [] and all_tasks() == []
@@ -231,18 +228,18 @@ def test_bad_schedules_are_refused_naming_the_field_and_nothing_is_written(runti
 
 def test_each_owner_sees_only_their_schedules_and_occurrences(runtime, receiver):
     start = clock.now_ms() + 30_000
-    call(runtime, "POST", "/schedules", every_two_seconds(receiver.url, start), "alice")
-    assert call(runtime, "GET", "/schedules/tick", None, "bob")[0] == 404
-    assert call(runtime, "GET", "/schedules/tick/upcoming", None, "bob")[0] == 404
-    assert call(runtime, "PATCH", "/schedules/tick", {"payload": 1}, "bob")[0] == 404
-    assert call(runtime, "DELETE", "/schedules/tick", None, "bob")[0] == 404
-    assert call(runtime, "GET", "/schedules", None, "bob")[1]["schedules"] == []
+    call_api(runtime, "POST", "/schedules", every_two_seconds(receiver.url, start), "alice")
+    assert call_api(runtime, "GET", "/schedules/tick", None, "bob")[0] == 404
+    assert call_api(runtime, "GET", "/schedules/tick/upcoming", None, "bob")[0] == 404
+    assert call_api(runtime, "PATCH", "/schedules/tick", {"payload": 1}, "bob")[0] == 404
+    assert call_api(runtime, "DELETE", "/schedules/tick", None, "bob")[0] == 404
+    assert call_api(runtime, "GET", "/schedules", None, "bob")[1]["schedules"] == []
     assert occurrences(runtime, "tick", "bob") == []
-    assert [s["id"] for s in call(runtime, "GET", "/schedules")[1]["schedules"]] == ["tick"]
-    status, upcoming = call(runtime, "GET", "/schedules/tick/upcoming?count=3")
+    assert [s["id"] for s in call_api(runtime, "GET", "/schedules")[1]["schedules"]] == ["tick"]
+    status, upcoming = call_api(runtime, "GET", "/schedules/tick/upcoming?count=3")
     assert status == 200
     assert upcoming["occurrences"] == [clock.to_iso(start + k * RATE_MS) for k in range(3)]
-    assert call(runtime, "GET", "/schedules/tick/upcoming?count=101")[0] == 400
+    assert call_api(runtime, "GET", "/schedules/tick/upcoming?count=101")[0] == 400
 
 
 def test_sample_schedule_events_run_through_the_handler_in_order(runtime):
@@ -313,10 +310,10 @@ def test_an_at_schedule_fires_once_then_is_completed(runtime, receiver):
         "type": "webhook",
         "target": {"url": receiver.url},
     }
-    status, created = call(runtime, "POST", "/schedules", body)
+    status, created = call_api(runtime, "POST", "/schedules", body)
     assert status == 201 and created["next_due_at"] == clock.to_iso(due)
     assert created["state"] == "COMPLETED"  # its one occurrence is a task already
-    upcoming = call(runtime, "GET", "/schedules/once/upcoming")[1]["occurrences"]
+    upcoming = call_api(runtime, "GET", "/schedules/once/upcoming")[1]["occurrences"]
     assert upcoming == [clock.to_iso(due)]
     [task] = occurrences(runtime, "once")
     assert task["id"] == f"once.{due}"
@@ -325,5 +322,5 @@ def test_an_at_schedule_fires_once_then_is_completed(runtime, receiver):
     # a new expression brings it back
     next_year = wall.replace(year=wall.year + 1).isoformat(timespec="milliseconds")
     later = {"expression": f"at({next_year})"}
-    status, again = call(runtime, "PATCH", "/schedules/once", later)
+    status, again = call_api(runtime, "PATCH", "/schedules/once", later)
     assert status == 200 and again["state"] == "ENABLED"
