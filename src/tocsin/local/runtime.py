@@ -149,6 +149,7 @@ class EmbeddedRuntime:
         self.outputs: dict[str, str] = {}
         self.foreign_invocations: list[tuple[str, Any]] = []
         self.definition = ""  # the task machine's ASL, its placeholders resolved
+        self.template: dict[str, Any] = {}  # template.yaml translated to CloudFormation
         self.usage: Counter[tuple[str, str]] = Counter()  # (function, "invocations" | "ms")
         self._exits = ExitStack()
         self._stop = threading.Event()
@@ -200,13 +201,14 @@ class EmbeddedRuntime:
         self._put_gates_first()
         self._forget_process_caches()
         template, self._code_dirs = translate(self.root / "template.yaml", self.parameters)
-        stack, self._substitutions = create_stack(template, self.parameters)
+        self.template = template
+        self._stack, self._substitutions = create_stack(template, self.parameters)
         self._move_tables()
         saved = state.load(self.state_file) if self.state_file else None
         if saved:
             state.restore(STACK_NAME, saved)
-        self._install_functions(template, stack)
-        self._create_state_machine(template, stack)
+        self._install_functions(template)
+        self._create_state_machine(template)
         if saved:
             self.requeued = state.requeue_interrupted()
         self.outputs = {o["OutputKey"]: o["OutputValue"] for o in self._describe_outputs()}
@@ -318,17 +320,19 @@ class EmbeddedRuntime:
         stack = boto3.client("cloudformation").describe_stacks(StackName=STACK_NAME)["Stacks"][0]
         return stack.get("Outputs", [])
 
-    def _resolve(self, stack: Any, value: Any) -> Any:
+    def resolve(self, value: Any) -> Any:
+        """`value` of the translated template with its intrinsic functions (Ref, Fn::GetAtt,
+        Fn::Sub, Fn::If, ...) resolved against the stack."""
         from moto.cloudformation.parsing import clean_json
 
-        return clean_json(value, stack.resource_map)
+        return clean_json(value, self._stack.resource_map)
 
-    def _install_functions(self, template: dict[str, Any], stack: Any) -> None:
+    def _install_functions(self, template: dict[str, Any]) -> None:
         """Load every function's handler and give the process their (merged) environment."""
         environment: dict[str, str] = {}
         for logical_id in self._code_dirs:
             properties = template["Resources"][logical_id]["Properties"]
-            variables = self._resolve(stack, properties.get("Environment", {}).get("Variables", {}))
+            variables = self.resolve(properties.get("Environment", {}).get("Variables", {}))
             for key, value in variables.items():
                 if environment.setdefault(key, str(value)) != str(value):
                     raise ValueError(f"functions disagree on {key}: one process cannot run both")
@@ -341,8 +345,8 @@ class EmbeddedRuntime:
         logger.setLevel(os.environ.get("POWERTOOLS_LOG_LEVEL", "INFO"))
         for logical_id, code_dir in self._code_dirs.items():
             properties = template["Resources"][logical_id]["Properties"]
-            name = self._resolve(stack, {"Ref": logical_id})
-            arn = self._resolve(stack, {"Fn::GetAtt": [logical_id, "Arn"]})
+            name = self.resolve({"Ref": logical_id})
+            arn = self.resolve({"Fn::GetAtt": [logical_id, "Arn"]})
             handler = _load_handler(code_dir, properties["Handler"], logical_id)
             timeout = float(properties.get("Timeout", 3))
             memory = int(properties.get("MemorySize", 128))
@@ -351,7 +355,7 @@ class EmbeddedRuntime:
                 logical_id, name, arn, handler, timeout, memory, architecture
             )
 
-    def _create_state_machine(self, template: dict[str, Any], stack: Any) -> None:
+    def _create_state_machine(self, template: dict[str, Any]) -> None:
         """Create the task machine where moto executes it, its placeholders resolved.
 
         moto's CloudFormation puts state machines in the non-executing backend; this creates
@@ -360,15 +364,15 @@ class EmbeddedRuntime:
         import boto3
 
         properties = template["Resources"]["TaskStateMachine"]["Properties"]
-        definition = self._resolve(stack, properties["DefinitionString"])
+        definition = self.resolve(properties["DefinitionString"])
         for key, value in self._substitutions.items():
-            definition = definition.replace("${" + key + "}", str(self._resolve(stack, value)))
-        arn = self._resolve(stack, {"Ref": "TaskStateMachine"})
+            definition = definition.replace("${" + key + "}", str(self.resolve(value)))
+        arn = self.resolve({"Ref": "TaskStateMachine"})
         self.definition = definition
         boto3.client("stepfunctions").create_state_machine(
             name=arn.rsplit(":", 1)[1],
             definition=definition,
-            roleArn=self._resolve(stack, properties["RoleArn"]),
+            roleArn=self.resolve(properties["RoleArn"]),
             type=properties.get("StateMachineType", "STANDARD"),
         )
         moto_patches.parse_once(definition)  # now, rather than on the first task's clock

@@ -1,0 +1,319 @@
+"""Each function's role allows every AWS call the function makes.
+
+moto checks no IAM, so a call a role does not allow fails only on AWS (it happened: the
+finder's transaction came to put an item its role could only update). Here the calls each
+function makes on its paths are recorded on the embedded runtime, as the IAM action and
+resource ARN each needs, and checked against the function's policies as the translated
+template gives them, the way IAM weighs an Allow (the template has no Deny or Condition).
+"""
+
+import json
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from fnmatch import fnmatchcase
+from typing import Any
+from unittest import mock
+
+import boto3
+import pytest
+from botocore.client import BaseClient
+
+from tests.conftest import call_api, store_pending, stored, webhook_task
+from tests.integration.test_targets import (
+    EVENTS,
+    SAMPLE_TARGETS,
+    TARGETS,
+    sample,
+    store_sample_task,
+)
+from tocsin import clock
+from tocsin.local.runtime import ACCOUNT_ID, REGION, scheduled_event
+from tocsin.model import TaskStatus
+from tocsin.settings import settings
+from tocsin.store import TaskStore
+
+# IAM actions whose names are not the operation's
+ACTIONS = {("lambda", "Invoke"): "lambda:InvokeFunction"}
+TRANSACTION_ACTIONS = {
+    "Put": "PutItem",
+    "Update": "UpdateItem",
+    "Delete": "DeleteItem",
+    "ConditionCheck": "ConditionCheckItem",
+}
+
+
+def _arn(service: str, resource: str) -> str:
+    return f"arn:aws:{service}:{REGION}:{ACCOUNT_ID}:{resource}"
+
+
+def _resources(service: str, operation: str, params: dict[str, Any]) -> list[str]:
+    """The ARNs of what a call acts on, as IAM authorizes it."""
+    if service == "dynamodb":
+        index = f"/index/{params['IndexName']}" if "IndexName" in params else ""
+        return [_arn("dynamodb", f"table/{params['TableName']}{index}")]
+    if service == "sqs":
+        return [_arn("sqs", params["QueueUrl"].rsplit("/", 1)[1])]
+    if service == "states":
+        return [params.get("stateMachineArn") or params["executionArn"]]
+    if service == "secretsmanager":
+        return [params["SecretId"]]
+    if service == "sns":
+        return [params["TopicArn"]]
+    if service == "events":
+        buses = [entry.get("EventBusName", "default") for entry in params["Entries"]]
+        return [b if b.startswith("arn:") else _arn("events", f"event-bus/{b}") for b in buses]
+    if service == "lambda":
+        name = params["FunctionName"]
+        return [name if name.startswith("arn:") else _arn("lambda", f"function:{name}")]
+    if service == "ses":
+        return [_arn("ses", f"identity/{params['Source']}")]
+    raise AssertionError(f"{service}:{operation} is new here: teach this test its resource ARN")
+
+
+def needed(service: str, operation: str, params: dict[str, Any]) -> list[tuple[str, str]]:
+    """The (IAM action, resource ARN) pairs a call needs allowed: a transaction needs each
+    of its writes' own."""
+    if (service, operation) == ("dynamodb", "TransactWriteItems"):
+        return [
+            (f"dynamodb:{TRANSACTION_ACTIONS[kind]}", _resources("dynamodb", kind, write)[0])
+            for item in params["TransactItems"]
+            for kind, write in item.items()
+        ]
+    action = ACTIONS.get((service, operation), f"{service}:{operation}")
+    return [(action, arn) for arn in _resources(service, operation, params)]
+
+
+class Calls:
+    """What each function asked of AWS, recorded while `of(function)` is open."""
+
+    def __init__(self) -> None:
+        self.function: str | None = None
+        self.made: dict[str, set[tuple[str, str]]] = defaultdict(set)
+
+    @contextmanager
+    def of(self, function: str) -> Iterator[None]:
+        self.function = function
+        try:
+            yield
+        finally:
+            self.function = None
+
+    def record(self, client: BaseClient, operation: str, params: dict[str, Any]) -> None:
+        if self.function:
+            service = client.meta.service_model.signing_name
+            self.made[self.function].update(needed(service, operation, params))
+
+    def actions(self, function: str) -> set[str]:
+        return {action for action, _ in self.made[function]}
+
+
+@pytest.fixture
+def calls(runtime) -> Iterator[Calls]:
+    """Every client's calls, whenever it was made (the handlers make theirs at init)."""
+    recorded = Calls()
+    make_api_call = BaseClient._make_api_call
+
+    def recording(client: BaseClient, operation: str, params: dict[str, Any]) -> Any:
+        recorded.record(client, operation, params)
+        return make_api_call(client, operation, params)
+
+    with mock.patch.object(BaseClient, "_make_api_call", recording):
+        yield recorded
+
+
+def _listed(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def grants(runtime, function: str) -> list[tuple[str, str]]:
+    """The (action, resource) patterns the function's role allows: its inline policies
+    (SAM's policy templates expanded) and the template's managed policies it attaches."""
+    resources = runtime.template["Resources"]
+    role = resources[function]["Properties"]["Role"]["Fn::GetAtt"][0]
+    properties = resources[role]["Properties"]
+    documents = [policy["PolicyDocument"] for policy in properties.get("Policies", [])]
+    managed = {
+        runtime.resolve({"Ref": name}): resource["Properties"]["PolicyDocument"]
+        for name, resource in resources.items()
+        if resource["Type"] == "AWS::IAM::ManagedPolicy"
+    }
+    attached = [runtime.resolve(arn) for arn in properties.get("ManagedPolicyArns", [])]
+    documents += [managed[arn] for arn in attached if arn in managed]
+    allowed = []
+    for document in documents:
+        for statement in document["Statement"]:
+            assert statement["Effect"] == "Allow" and "Condition" not in statement
+            resolved = _listed(runtime.resolve(statement["Resource"]))
+            allowed += [(a, r) for a in _listed(statement["Action"]) for r in resolved]
+    return allowed
+
+
+def refused(runtime, calls: Calls) -> list[tuple[str, str, str]]:
+    """Each recorded call no statement of its function's role allows."""
+    missing = []
+    for function, made in calls.made.items():
+        allowed = grants(runtime, function)
+        for action, arn in sorted(made):
+            if not any(
+                fnmatchcase(action.lower(), a.lower()) and fnmatchcase(arn, r) for a, r in allowed
+            ):
+                missing.append((function, action, arn))
+    return missing
+
+
+def gone(runtime) -> str:
+    """The ARN of an execution of the task machine that is no more."""
+    return runtime.state_machine_arn.replace(":stateMachine:", ":execution:") + ":gone"
+
+
+def stop_executions() -> None:
+    """The executions a step started, stopped before they wake: no executor call of theirs
+    lands in the next function's record."""
+    sfn = boto3.client("stepfunctions")
+    for machine in sfn.list_state_machines()["stateMachines"]:
+        listed = sfn.list_executions(stateMachineArn=machine["stateMachineArn"])
+        for execution in listed["executions"]:
+            if execution["status"] == "RUNNING":
+                sfn.stop_execution(executionArn=execution["executionArn"])
+
+
+def test_the_api_role_allows_every_call_of_the_api(runtime, calls, receiver):
+    task = webhook_task(receiver.url, clock.now_ms() + 3_600_000, "later")
+    soon = webhook_task(receiver.url, clock.now_ms() + 15_000, "soon")
+    schedule = {
+        "id": "tick",
+        "expression": "rate(1 minute)",
+        "start_at": clock.to_iso(clock.now_ms() + 12_000),  # its first occurrence made now
+        "type": "webhook",
+        "target": {"url": receiver.url},
+        "payload": {"n": 1},
+    }
+    steps = [
+        ("POST", "/tasks", task),
+        ("POST", "/tasks", soon),  # started at once: due within the look-ahead
+        ("GET", "/tasks/later", None),
+        ("GET", "/tasks?limit=1", None),
+        ("PATCH", "/tasks/later", {"due_at": clock.to_iso(clock.now_ms() + 7_200_000)}),
+        ("DELETE", "/tasks/soon", None),  # its execution stopped
+        ("DELETE", "/tasks/later", None),
+        ("POST", "/schedules", schedule),
+        ("GET", "/schedules/tick", None),
+        ("GET", "/schedules", None),
+        ("GET", "/schedules/tick/upcoming?count=3", None),
+        ("GET", "/tasks?schedule=tick", None),
+        ("PATCH", "/schedules/tick", {"state": "PAUSED"}),  # its occurrence cancelled
+        ("PATCH", "/schedules/tick", {"state": "ENABLED"}),
+        ("DELETE", "/schedules/tick", None),
+    ]
+    with calls.of("ApiFunction"):
+        for method, path, body in steps:
+            status, reply = call_api(runtime, method, path, body)
+            assert status < 300, (method, path, reply)
+    stop_executions()
+    assert {
+        "dynamodb:PutItem",
+        "dynamodb:GetItem",
+        "dynamodb:UpdateItem",
+        "dynamodb:Query",
+        "dynamodb:DeleteItem",
+        "states:StartExecution",
+        "states:StopExecution",
+    } <= calls.actions("ApiFunction")
+    assert refused(runtime, calls) == []
+
+
+def test_the_finder_role_allows_every_call_of_the_finder(runtime, calls, receiver):
+    config, store = settings(), TaskStore(settings().tasks_table)
+    store_pending(receiver.url, 2, 10_000, "due")  # started and marked
+    # requeued (its check time is past), for a later run: due beyond the look-ahead
+    [stuck] = store_pending(receiver.url, 1, 60_000, "stuck")
+    store.claim(stuck, 1, gone(runtime), {"gsi_pk": "check-0", "gsi_due_ms": 0})
+    [owing] = store_pending(receiver.url, 1, -60_000, "owing")
+    store.claim(owing, 1, gone(runtime), {"gsi_pk": "check-0", "gsi_due_ms": 0})
+    error = {"Error": "PermanentTargetError", "Cause": "webhook answered 410"}
+    owed = {"error": json.dumps(error), "gsi_pk": "check-0", "gsi_due_ms": 0}
+    assert store.finish(owing, 1, TaskStatus.FAILED, owed)  # its letter owed, past the grace
+    schedule = {
+        "id": "tick",
+        "expression": "rate(1 minute)",
+        "start_at": clock.to_iso(clock.now_ms() + config.lookahead_s * 1000 + 2_000),
+        "type": "webhook",
+        "target": {"url": receiver.url},
+        "payload": {"n": 1},
+    }
+    assert call_api(runtime, "POST", "/schedules", schedule)[0] == 201  # beyond the look-ahead
+    time.sleep(3)  # now within it: the finder makes the occurrence
+    with calls.of("FinderFunction"):
+        report = runtime.invoke("FinderFunction", scheduled_event())
+    stop_executions()
+    assert (report["started"], report["requeued"], report["letters_sent"]) == (3, 1, 1)
+    assert report["occurrences_made"] == 1
+    assert {
+        "dynamodb:Query",
+        "dynamodb:GetItem",
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+        "states:StartExecution",
+        "states:DescribeExecution",
+        "sqs:SendMessage",
+    } <= calls.actions("FinderFunction")
+    assert refused(runtime, calls) == []
+
+
+@pytest.mark.parametrize("task_type", sorted(TARGETS))
+def test_each_executor_role_allows_every_call_of_its_executor(runtime, calls, task_type):
+    target = TARGETS[task_type]()
+    target.setup(runtime)
+    payload = "Renew today." if task_type == "email" else {"n": 1}
+    store_sample_task(task_type, SAMPLE_TARGETS[task_type], payload)
+    function = {"eventbridge": "EventBridge", "sqs": "Sqs", "sns": "Sns"}.get(
+        task_type, task_type.capitalize()
+    )
+    with calls.of(f"{function}ExecutorFunction"):
+        assert runtime.invoke(f"{function}ExecutorFunction", sample(task_type))["fired"] == 1
+    target_action = {
+        "email": "ses:SendEmail",
+        "eventbridge": "events:PutEvents",
+        "lambda": "lambda:InvokeFunction",
+        "sns": "sns:Publish",
+        "sqs": "sqs:SendMessage",
+    }[task_type]
+    done = {"dynamodb:UpdateItem", "dynamodb:PutItem", target_action}
+    assert done <= calls.actions(f"{function}ExecutorFunction")
+    assert refused(runtime, calls) == []
+
+
+def test_the_webhook_executor_role_allows_its_calls_as_it_fires_and_fails(runtime, calls, receiver):
+    receiver.status_for["/gone"] = 410
+    [fires] = store_pending(receiver.url, 1, -500, "fires")
+    [fails] = store_pending(f"{receiver.url}/gone", 1, -500, "fails")
+    event = {
+        "execution": gone(runtime),
+        "task_type": "webhook",
+        "tasks": [
+            {"task_id": task_id, "version": 1, "due_ms": int(stored(task_id)["due_ms"])}
+            for task_id in (fires, fails)
+        ],
+    }
+    with calls.of("WebhookExecutorFunction"):
+        report = runtime.invoke("WebhookExecutorFunction", event)
+    assert (report["fired"], report["failed"]) == (1, 1)
+    assert {
+        "secretsmanager:GetSecretValue",
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+        "sqs:SendMessage",
+    } <= calls.actions("WebhookExecutorFunction")
+    assert refused(runtime, calls) == []
+
+
+def test_the_submit_role_allows_every_call_of_the_submit_queue(runtime, calls):
+    event = json.loads((EVENTS / "submit_sqs.json").read_text())
+    for record in event["Records"]:  # sent now: its task is due in a day, not started at once
+        record["attributes"]["SentTimestamp"] = str(clock.now_ms())
+    with calls.of("SubmitFunction"):
+        assert runtime.invoke("SubmitFunction", event) == {"batchItemFailures": []}
+    assert {"dynamodb:PutItem", "sqs:SendMessage"} <= calls.actions("SubmitFunction")
+    assert refused(runtime, calls) == []
