@@ -168,6 +168,17 @@ def gone(runtime) -> str:
     return runtime.state_machine_arn.replace(":stateMachine:", ":execution:") + ":gone"
 
 
+def every_minute(url: str, start_ms: int) -> dict[str, Any]:
+    return {
+        "id": "tick",
+        "expression": "rate(1 minute)",
+        "start_at": clock.to_iso(start_ms),
+        "type": "webhook",
+        "target": {"url": url},
+        "payload": {"n": 1},
+    }
+
+
 def stop_executions() -> None:
     """The executions a step started, stopped before they wake: no executor call of theirs
     lands in the next function's record."""
@@ -182,14 +193,7 @@ def stop_executions() -> None:
 def test_the_api_role_allows_every_call_of_the_api(runtime, calls, receiver):
     task = webhook_task(receiver.url, clock.now_ms() + 3_600_000, "later")
     soon = webhook_task(receiver.url, clock.now_ms() + 15_000, "soon")
-    schedule = {
-        "id": "tick",
-        "expression": "rate(1 minute)",
-        "start_at": clock.to_iso(clock.now_ms() + 12_000),  # its first occurrence made now
-        "type": "webhook",
-        "target": {"url": receiver.url},
-        "payload": {"n": 1},
-    }
+    schedule = every_minute(receiver.url, clock.now_ms() + 12_000)  # its first made at once
     steps = [
         ("POST", "/tasks", task),
         ("POST", "/tasks", soon),  # started at once: due within the look-ahead
@@ -235,14 +239,7 @@ def test_the_finder_role_allows_every_call_of_the_finder(runtime, calls, receive
     error = {"Error": "PermanentTargetError", "Cause": "webhook answered 410"}
     owed = {"error": json.dumps(error), "gsi_pk": "check-0", "gsi_due_ms": 0}
     assert store.finish(owing, 1, TaskStatus.FAILED, owed)  # its letter owed, past the grace
-    schedule = {
-        "id": "tick",
-        "expression": "rate(1 minute)",
-        "start_at": clock.to_iso(clock.now_ms() + config.lookahead_s * 1000 + 2_000),
-        "type": "webhook",
-        "target": {"url": receiver.url},
-        "payload": {"n": 1},
-    }
+    schedule = every_minute(receiver.url, clock.now_ms() + config.lookahead_s * 1000 + 2_000)
     assert call_api(runtime, "POST", "/schedules", schedule)[0] == 201  # beyond the look-ahead
     time.sleep(3)  # now within it: the finder makes the occurrence
     with calls.of("FinderFunction"):
