@@ -1,7 +1,8 @@
 """The coarse poll: settle tasks stuck in flight, turn schedules' occurrences due within the
 look-ahead into tasks, then find PENDING tasks due within the look-ahead and dispatch them.
 
-The due index is sparse (only PENDING tasks carry its keys) and sharded, so a run reads
+The due index is sparse (only PENDING tasks are in its due shards; tasks in flight, and
+FAILED ones owing a dead letter, are in its check shards) and sharded, so a run reads
 what is due, never the whole table; overdue tasks are found too, so none is stranded.
 """
 

@@ -14,7 +14,10 @@ run looks at the ones past that time and at their execution:
 * after MAX_REQUEUES such ends: FAILED, with a dead letter of its own.
 
 It also sends the dead letters that FAILED tasks still owe past their grace (their failer
-died or met an SQS outage between the mark and the send: see `tocsin.dead_letter`).
+died or met an SQS outage between the mark and the send: see `tocsin.dead_letter`). Once
+SQS refuses one, the run sends no more (each refusal costs botocore's retries, out of the
+run's time to dispatch), and that letter is tried again `CHECK_AGAIN_MS` later; the rest
+wait for the next run. `letters_owed` in the finder's report counts what is left owed.
 """
 
 import json
@@ -56,6 +59,7 @@ class ReconcileReport:
             Reconciled.REQUEUED.value: self.outcomes[Reconciled.REQUEUED],
             Reconciled.FAILED.value: self.outcomes[Reconciled.FAILED],
             "letters_sent": self.outcomes[Reconciled.LETTER_SENT],
+            "letters_owed": self.outcomes[Reconciled.LETTER_OWED],
         }
 
 
@@ -100,25 +104,31 @@ def _settle(store: TaskStore, item: dict[str, Any], config: Settings, now_ms: in
     return Reconciled.FAILED
 
 
-def _send_owed_letter(store: TaskStore, item: dict[str, Any]) -> Reconciled:
+def _send_owed_letter(store: TaskStore, item: dict[str, Any], now_ms: int) -> Reconciled:
     execution = item.get("claimed_by") or item.get("execution_arn") or ""
     error = json.loads(item["error"])
     task_id, version, task_type = item["task_id"], int(item["version"]), item["task_type"]
-    sent = send_letter(store, task_id, version, task_type, execution, error)
-    return Reconciled.LETTER_SENT if sent else Reconciled.LETTER_OWED
+    if send_letter(store, task_id, version, task_type, execution, error):
+        return Reconciled.LETTER_SENT
+    store.check_later(task_id, version, now_ms + CHECK_AGAIN_MS)
+    return Reconciled.LETTER_OWED
 
 
 def reconcile(config: Settings, until_ms: int) -> ReconcileReport:
     """Settle every task in flight whose check time is at or before `until_ms`, and send
     the dead letters owed by then."""
     store, now_ms, report = TaskStore(config.tasks_table), clock.now_ms(), ReconcileReport()
+    sqs_refused = False
     for shard in range(config.shards):
         for entry in list(store.in_shard(check_shard(shard), until_ms)):
             item = store.get(entry["task_id"])
             if not item or int(item["version"]) != int(entry["version"]):
                 continue  # changed since the index was read
-            if item["status"] == TaskStatus.FAILED:
-                outcome = _send_owed_letter(store, item)
+            if item["status"] == TaskStatus.FAILED and sqs_refused:
+                outcome = Reconciled.LETTER_OWED  # for the next run
+            elif item["status"] == TaskStatus.FAILED:
+                outcome = _send_owed_letter(store, item, now_ms)
+                sqs_refused = outcome is Reconciled.LETTER_OWED
             elif item["status"] in (TaskStatus.SCHEDULED, TaskStatus.RUNNING):
                 outcome = _settle(store, item, config, now_ms)
             else:

@@ -11,7 +11,7 @@ from typing import Any
 from tocsin import aws
 from tocsin.model import TaskStatus
 
-DUE_INDEX = "DispatchIndex"  # PENDING tasks only, by shard and due time
+DUE_INDEX = "DispatchIndex"  # by shard and time: PENDING in due shards, others in check ones
 OWNER_INDEX = "OwnerIndex"
 OWNER_INDEX_KEY = ("task_id", "owner", "due_ms")  # what a page of OwnerIndex resumes from
 SCHEDULE_INDEX = "ScheduleIndex"  # a schedule's occurrences, by due time
@@ -341,15 +341,17 @@ class TaskStore:
         )
 
     def check_later(self, task_id: str, version: int, check_ms: int) -> None:
-        """Look at an in-flight task again at `check_ms` (its execution is still running)."""
+        """Look at a task in a check shard again at `check_ms`: one in flight whose execution
+        still runs, or a FAILED one whose letter SQS refused."""
         self._update(
             task_id,
             "SET gsi_due_ms = :check",
-            "#s IN (:scheduled, :running) AND #v = :v",
+            "#s IN (:scheduled, :running, :failed) AND #v = :v AND attribute_exists(gsi_pk)",
             {
                 ":check": check_ms,
                 ":scheduled": TaskStatus.SCHEDULED.value,
                 ":running": TaskStatus.RUNNING.value,
+                ":failed": TaskStatus.FAILED.value,
                 ":v": version,
             },
         )

@@ -109,39 +109,56 @@ def test_a_task_whose_execution_still_runs_is_looked_at_again_later(runtime, rec
 
 
 @contextmanager
-def sqs_outage() -> Iterator[None]:
-    """SQS refuses every message sent from this process's clients meanwhile."""
+def sqs_outage() -> Iterator[list[str]]:
+    """SQS refuses every message sent from this process's clients meanwhile; the bodies of
+    the messages it refused."""
+    refused: list[str] = []
 
-    def refuse(**_: object) -> None:
+    def refuse(params: dict, **_: object) -> None:
+        refused.append(params["MessageBody"])
         raise ClientError({"Error": {"Code": "ServiceUnavailable"}}, "SendMessage")
 
     events = aws.client("sqs").meta.events
-    events.register("before-call.sqs.SendMessage", refuse)
+    events.register("before-parameter-build.sqs.SendMessage", refuse)
     try:
-        yield
+        yield refused
     finally:
-        events.unregister("before-call.sqs.SendMessage", refuse)
+        events.unregister("before-parameter-build.sqs.SendMessage", refuse)
 
 
-def test_a_dead_letter_sqs_refused_is_owed_and_sent_once_by_the_reconciler(runtime, receiver):
-    """The task is FAILED and SQS refuses its letter: the batch still succeeds, and the task
-    waits in a check shard until, past the grace, a reconciler run sends its letter."""
+def test_dead_letters_sqs_refused_are_owed_and_sent_once_by_the_reconciler(runtime, receiver):
+    """The tasks are FAILED and SQS refuses their letters: the batch still succeeds, and the
+    tasks wait in a check shard until, past the grace, reconciler runs send their letters.
+    While SQS refuses, a run tries one letter, not every one, and that one waits a while."""
     receiver.status_for["/gone"] = 410
-    [task_id] = store_pending(f"{receiver.url}/gone", 1, -500, "unlettered")
+    ids = store_pending(f"{receiver.url}/gone", 2, -500, "unlettered")
+    batch = batch_event(ids[0], GONE)
+    batch["tasks"] += batch_event(ids[1], GONE)["tasks"]
     with sqs_outage():
-        report = runtime.invoke("WebhookExecutorFunction", batch_event(task_id, GONE))
-    assert report == {"tasks": 1, "claimed": 1, "failed": 1}
-    item = stored(task_id)
-    assert item["status"] == "FAILED" and item["gsi_pk"].startswith("check-")
+        report = runtime.invoke("WebhookExecutorFunction", batch)
+    assert report == {"tasks": 2, "claimed": 2, "failed": 2}
+    items = {task_id: stored(task_id) for task_id in ids}
+    assert all(i["status"] == "FAILED" and i["gsi_pk"].startswith("check-") for i in items.values())
     assert dead_letters(runtime) == []
 
-    assert reconcile(settings(), clock.now_ms() + 60_000).tasks == []  # its failer's grace
+    assert reconcile(settings(), clock.now_ms() + 60_000).tasks == []  # their failer's grace
     after_grace = clock.now_ms() + LETTER_GRACE_MS + 1
-    with sqs_outage():
-        assert [str(o) for _, o in reconcile(settings(), after_grace).tasks] == ["letter_owed"]
-    assert [str(o) for _, o in reconcile(settings(), after_grace).tasks] == ["letter_sent"]
-    [letter] = dead_letters(runtime)
-    assert (letter["task_id"], letter["version"], letter["execution"]) == (task_id, 1, GONE)
-    assert letter["error"] == json.loads(item["error"])
-    assert "gsi_pk" not in stored(task_id)
-    assert reconcile(settings(), after_grace).tasks == []  # sent once
+    refused_at = clock.now_ms()
+    with sqs_outage() as refused:
+        outcomes = reconcile(settings(), after_grace).as_dict()
+    assert (outcomes["letters_owed"], outcomes["letters_sent"], len(refused)) == (2, 0, 1)
+    tried = json.loads(refused[0])["task_id"]
+    [left] = [task_id for task_id in ids if task_id != tried]
+    assert int(stored(tried)["gsi_due_ms"]) >= refused_at + CHECK_AGAIN_MS  # tried later
+    assert stored(left)["gsi_due_ms"] == items[left]["gsi_due_ms"]  # not tried: as it was
+    later = clock.now_ms() + CHECK_AGAIN_MS + 1
+    assert sorted((t, str(o)) for t, o in reconcile(settings(), later).tasks) == [
+        (task_id, "letter_sent") for task_id in sorted(ids)
+    ]
+    letters = {letter["task_id"]: letter for letter in dead_letters(runtime)}
+    assert sorted(letters) == sorted(ids)
+    for task_id, letter in letters.items():
+        assert (letter["version"], letter["execution"]) == (1, GONE)
+        assert letter["error"] == json.loads(items[task_id]["error"])
+        assert "gsi_pk" not in stored(task_id)
+    assert reconcile(settings(), later).tasks == []  # each sent once

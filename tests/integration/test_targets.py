@@ -212,6 +212,7 @@ def test_generated_scheduled_event_runs_the_finder(runtime):
         "requeued": 0,
         "failed_stuck": 0,
         "letters_sent": 0,
+        "letters_owed": 0,
         "schedules_due": 0,
         "occurrences_made": 0,
         "schedule_errors": 0,
