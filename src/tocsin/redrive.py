@@ -8,6 +8,8 @@ has passed). The message is deleted
 once the task is redriven, or when it no longer applies (the task changed or is gone).
 A task is redriven once per run: if it fails again before the run ends, that dead letter
 stays on the queue for the next run, instead of the run chasing it version after version.
+A second letter for a version already redriven is a copy (a letter may be sent twice;
+see `tocsin.dead_letter`): it is deleted as such.
 """
 
 import json
@@ -23,6 +25,7 @@ from tocsin.settings import Settings
 from tocsin.store import TaskStore
 
 FAILED_AGAIN = "failed again, left for the next run"
+COPY = "a copy of a letter redriven"
 
 
 @dataclass
@@ -66,7 +69,7 @@ def redrive(
     store = TaskStore(config.tasks_table)
     sqs = aws.client("sqs")
     report = RedriveReport()
-    redriven: set[str] = set()
+    redriven: dict[str, int] = {}  # task id: the version this run redrove
     kept = []  # left on the queue (unreadable, a dry run, failed again); visible at the end
     for message in _messages(queue_url):
         named = _failed_versions(message)
@@ -75,11 +78,11 @@ def redrive(
             if named is None:
                 outcome = "unreadable"
             elif task_id in redriven:
-                outcome = FAILED_AGAIN
+                outcome = COPY if version <= redriven[task_id] else FAILED_AGAIN
             else:
                 outcome = _redrive_one(store, config, task_id, version, dry_run)
             if outcome == "redriven":
-                redriven.add(task_id)
+                redriven[task_id] = version
             report.add(task_id, version, outcome)
             if progress:
                 progress(task_id, version, outcome)

@@ -8,7 +8,7 @@ from tests.conftest import stored, wait_for_status, webhook_task
 from tocsin import clock
 from tocsin.cli import main
 from tocsin.local.runtime import STACK_NAME
-from tocsin.redrive import FAILED_AGAIN, redrive
+from tocsin.redrive import COPY, FAILED_AGAIN, redrive
 from tocsin.settings import settings
 from tocsin.submit import submit_task
 
@@ -66,3 +66,18 @@ def test_a_task_failing_again_is_redriven_once_per_run(runtime, receiver):
     assert report.tasks == [("again", 1, "redriven"), ("again", 2, FAILED_AGAIN)]
     assert stored("again")["version"] == 2
     assert dead_letters(runtime) == 1  # version 2's, for the next run
+
+
+def test_a_copy_of_a_dead_letter_is_deleted_as_a_copy(runtime, receiver):
+    """A letter may be sent twice (an owed letter the reconciler sent as well): the copy of
+    a version the run has redriven is neither redriven again nor left as failed again."""
+    failed_task(runtime, receiver, "twice")
+    sqs, queue = boto3.client("sqs"), runtime.dead_letter_queue_url
+    [letter] = sqs.receive_message(QueueUrl=queue, VisibilityTimeout=0)["Messages"]
+    sqs.send_message(QueueUrl=queue, MessageBody=letter["Body"])  # its copy
+    report = redrive(queue, settings())
+    assert report.tasks == [("twice", 1, "redriven"), ("twice", 1, COPY)]
+    wait_for_status("twice", {"FAILED"})  # its target still answers 410: version 2 fails
+    assert runtime.wait_for_executions(10)
+    [left] = [json.loads(m["Body"]) for m in sqs.receive_message(QueueUrl=queue)["Messages"]]
+    assert (left["task_id"], left["version"]) == ("twice", 2)  # only the new version's letter
