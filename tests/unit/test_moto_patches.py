@@ -1,7 +1,11 @@
 """The embedded runtime's DynamoDB, as its child process patches moto: a transaction is
 backed up item by item, not table by table (one that fails still leaves every item as it
-was, and one that succeeds writes), and an update expression is parsed once for every
-request that sends it (each request still gets its own names and values)."""
+was, and one that succeeds writes); an update expression is parsed once for every request
+that sends it, and a condition once per request (each request still gets its own names and
+values); validation still refuses what moto refuses; and data actions answer as moto's
+serializer would."""
+
+from unittest import mock
 
 import boto3
 import pytest
@@ -78,3 +82,136 @@ def test_one_update_expression_sent_with_other_names_and_values_updates_what_eac
         "n": "5",
     }
     assert {k: v["N"] for k, v in items["i2"].items() if k != "id"} == {"b": "2", "n": "3"}
+
+
+def test_a_condition_sent_again_with_other_values_is_judged_on_each_requests_values(table):
+    """The second parse of a condition is the first's tree only for the same expression,
+    names and values: the same expression with another value is parsed and judged anew."""
+    request = {
+        "TableName": "t",
+        "Key": {"id": {"S": "i1"}},
+        "ConditionExpression": "n = :expected",
+        "UpdateExpression": "SET n = :next",
+    }
+    for expected, following in (("1", "2"), ("2", "3")):
+        table.update_item(
+            ExpressionAttributeValues={":expected": {"N": expected}, ":next": {"N": following}},
+            **request,
+        )
+    with pytest.raises(table.exceptions.ConditionalCheckFailedException):
+        table.update_item(
+            ExpressionAttributeValues={":expected": {"N": "2"}, ":next": {"N": "3"}}, **request
+        )
+    assert values(table)["i1"] == "3"
+
+
+def test_a_condition_parsed_before_still_counts_the_names_and_values_it_uses(table):
+    """moto refuses a name or value that no expression uses, from what the condition's
+    parse found: a reused parse must report the same, or the second of two identical
+    requests would be refused, and a spare value would pass."""
+    request = {
+        "TableName": "t",
+        "Key": {"id": {"S": "i1"}},
+        "UpdateExpression": "SET n = :v",
+        "ConditionExpression": "attribute_exists(#k) AND n <> :c",
+        "ExpressionAttributeNames": {"#k": "id"},
+    }
+    used = {":v": {"N": "5"}, ":c": {"N": "0"}}
+    for _ in range(2):
+        table.update_item(ExpressionAttributeValues=used, **request)
+        with pytest.raises(table.exceptions.ClientError, match="unused"):
+            table.update_item(ExpressionAttributeValues={**used, ":spare": {"S": "x"}}, **request)
+    assert values(table)["i1"] == "5"
+
+
+def test_update_expressions_are_still_validated_pass_by_pass(table):
+    """Every pass of moto's validation still runs on the quicker traversal: overlapping
+    paths, a key attribute and a missing value are refused, and nothing is written."""
+    before = values(table)
+    for update, names, refused in (
+        ("SET n = :v, n = :v", {}, "overlap"),
+        ("SET #k = :v", {"#k": "id"}, "key"),
+        ("SET n = n + :s", {}, "operand"),
+    ):
+        extra = {"ExpressionAttributeNames": names} if names else {}
+        with pytest.raises(table.exceptions.ClientError, match=f"(?i){refused}"):
+            table.update_item(
+                TableName="t",
+                Key={"id": {"S": "i1"}},
+                UpdateExpression=update,
+                ExpressionAttributeValues={":s": {"S": "x"}}
+                if ":s" in update
+                else {":v": {"N": "9"}},
+                **extra,
+            )
+    assert values(table) == before
+
+
+EVERY_TYPE = {
+    "id": {"S": "every"},
+    "n": {"N": "1.50"},
+    "b": {"B": b"\x00\xffbytes"},
+    "ss": {"SS": ["a", "b"]},
+    "ns": {"NS": ["1", "2"]},
+    "bs": {"BS": [b"\x01", b"\x02"]},
+    "m": {"M": {"nested": {"L": [{"S": "x"}, {"NULL": True}, {"BOOL": False}]}}},
+}
+
+
+def _data_answers() -> list[dict]:
+    """One of each data action's answers on a fresh table, without their metadata."""
+    client = boto3.client("dynamodb", region_name="us-east-1")
+    client.create_table(
+        TableName="d",
+        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    key = {"id": EVERY_TYPE["id"]}
+    answers = [
+        client.put_item(TableName="d", Item=EVERY_TYPE),
+        client.put_item(TableName="d", Item=EVERY_TYPE, ReturnValues="ALL_OLD"),
+        client.update_item(
+            TableName="d",
+            Key=key,
+            UpdateExpression="SET z = :z",
+            ExpressionAttributeValues={":z": {"B": b"z"}},
+            ReturnValues="ALL_NEW",
+        ),
+        client.get_item(TableName="d", Key=key),
+        client.query(
+            TableName="d",
+            KeyConditionExpression="id = :id",
+            ExpressionAttributeValues={":id": EVERY_TYPE["id"]},
+        ),
+        client.scan(TableName="d", Limit=1),
+        client.batch_get_item(RequestItems={"d": {"Keys": [key]}}),
+        client.transact_get_items(TransactItems=[{"Get": {"TableName": "d", "Key": key}}]),
+        client.delete_item(TableName="d", Key=key, ReturnValues="ALL_OLD"),
+    ]
+    return [{k: v for k, v in a.items() if k != "ResponseMetadata"} for a in answers]
+
+
+def test_plain_json_answers_are_what_motos_serializer_writes():
+    """Every data action's answer, binary values and sets included, reads the same through
+    botocore as moto's own serializer's; and the serializer is not used for them."""
+    from moto.core.serialize import ResponseSerializer
+
+    with mock_aws():
+        by_moto = _data_answers()
+    serialized = []
+    original = ResponseSerializer.serialize
+
+    def counted(serializer, result):
+        serialized.append(serializer.operation_model.name)
+        return original(serializer, result)
+
+    with (
+        mock_aws(),
+        dynamodb_patches(),
+        mock.patch.object(ResponseSerializer, "serialize", counted),
+    ):
+        plain = _data_answers()
+    assert plain == by_moto
+    assert by_moto[2]["Attributes"]["b"] == {"B": b"\x00\xffbytes"}
+    assert serialized == ["CreateTable"]
