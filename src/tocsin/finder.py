@@ -9,10 +9,13 @@ what is due, never the whole table; overdue tasks are found too, so none is stra
 import heapq
 import time
 
+from botocore.exceptions import BotoCoreError, ClientError
+
 from tocsin import clock
 from tocsin.dispatch import DueTask, dispatch_all, due_task
+from tocsin.observability import logger
 from tocsin.occurrences import materialize_due
-from tocsin.reconcile import reconcile
+from tocsin.reconcile import ReconcileReport, reconcile
 from tocsin.settings import Settings
 from tocsin.store import TaskStore
 
@@ -27,12 +30,27 @@ def find_due(settings: Settings, until_ms: int) -> list[DueTask]:
     return list(heapq.merge(*shards))
 
 
+# Of a run's budget, the most the reconciler may take: dispatch, which is what keeps tasks
+# on time, gets the rest whatever a flood of stuck tasks asks.
+RECONCILE_SHARE = 0.25
+
+
+def settle_stuck(settings: Settings, budget_s: float) -> ReconcileReport:
+    """The reconciler's step, within its share of the run: a fault that stops it (a
+    refused read of a check shard) is logged and reported, and the run goes on."""
+    try:
+        return reconcile(settings, clock.now_ms(), time.monotonic() + budget_s * RECONCILE_SHARE)
+    except (BotoCoreError, ClientError) as fault:
+        logger.warning("reconciler stopped", fault=repr(fault))
+        return ReconcileReport(cut_short=True)
+
+
 def run_finder(settings: Settings, budget_s: float) -> dict[str, int]:
     """One finder run: tasks stuck in flight settled (those requeued are due at once),
     schedules' occurrences made tasks, then what is due by now + look-ahead, dispatched
     within `budget_s`; what each did."""
     deadline = time.monotonic() + budget_s
-    reconciled = reconcile(settings, clock.now_ms())
+    reconciled = settle_stuck(settings, budget_s)
     scheduled = materialize_due(settings, clock.now_ms())
     due = find_due(settings, clock.now_ms() + settings.lookahead_s * 1000)
     dispatched = dispatch_all(due, settings, deadline).as_dict()

@@ -18,13 +18,23 @@ died or met an SQS outage between the mark and the send: see `tocsin.dead_letter
 SQS refuses one, the run sends no more (each refusal costs botocore's retries, out of the
 run's time to dispatch), and that letter is tried again `CHECK_AGAIN_MS` later; the rest
 wait for the next run. `letters_owed` in the finder's report counts what is left owed.
+
+The finder dispatches after it, so the reconciler keeps to a deadline and to itself: a
+task whose settling meets a fault (a throttled DescribeExecution, a refused write) is
+counted and left in its check shard for the next run, what the deadline leaves unread
+waits there too, and each execution is described once a run, however many of its
+batch's tasks it left stuck.
 """
 
 import json
+import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
 
 from tocsin import aws, clock
 from tocsin.dead_letter import send_letter
@@ -45,12 +55,14 @@ class Reconciled(StrEnum):
     CHANGED = "changed"  # settled meanwhile: nothing to do
     LETTER_SENT = "letter_sent"  # a FAILED task's owed dead letter
     LETTER_OWED = "letter_owed"  # and still owed: SQS refused it again
+    FAULT = "reconcile_faults"  # AWS refused a step: left for the next run
 
 
 @dataclass
 class ReconcileReport:
     outcomes: Counter[Reconciled] = field(default_factory=Counter)
     tasks: list[tuple[str, Reconciled]] = field(default_factory=list)
+    cut_short: bool = False  # the deadline came first: the rest waits for the next run
 
     def as_dict(self) -> dict[str, int]:
         stuck = sum(self.outcomes[o] for o in (Reconciled.REQUEUED, Reconciled.FAILED))
@@ -60,24 +72,67 @@ class ReconcileReport:
             Reconciled.FAILED.value: self.outcomes[Reconciled.FAILED],
             "letters_sent": self.outcomes[Reconciled.LETTER_SENT],
             "letters_owed": self.outcomes[Reconciled.LETTER_OWED],
+            "reconcile_faults": self.outcomes[Reconciled.FAULT],
+            "reconcile_cut_short": int(self.cut_short),
         }
 
 
-def _execution_running(execution_arn: str | None) -> bool:
-    """Whether the execution still runs; one that is gone (or never was) does not."""
-    if not execution_arn:
-        return False
-    sfn = aws.client("stepfunctions")
-    try:
-        return sfn.describe_execution(executionArn=execution_arn)["status"] == "RUNNING"
-    except sfn.exceptions.ExecutionDoesNotExist:
-        return False
+@dataclass
+class Letters:
+    """The run's dead letters: once SQS refuses one, the run tries no more (each refusal
+    spends botocore's retries out of the run's time); they stay owed."""
+
+    refused: bool = False
+
+    def send(self, store: TaskStore, item: dict[str, Any], execution: str, error: Any) -> bool:
+        """Whether the letter went out (False: refused, or not tried after a refusal)."""
+        if self.refused:
+            return False
+        task_id, version, task_type = item["task_id"], int(item["version"]), item["task_type"]
+        sent = send_letter(store, task_id, version, task_type, execution, error)
+        self.refused = self.refused or not sent
+        return sent
 
 
-def _settle(store: TaskStore, item: dict[str, Any], config: Settings, now_ms: int) -> Reconciled:
+class Executions:
+    """Whether executions still run, each described once a run: a dead batch leaves up to
+    BatchSize tasks stuck, all naming the same execution."""
+
+    def __init__(self) -> None:
+        self._running: dict[str, bool] = {}
+
+    def running(self, execution_arn: str | None) -> bool:
+        """Whether the execution still runs; one that is gone (or never was) does not."""
+        if not execution_arn:
+            return False
+        if execution_arn not in self._running:
+            sfn = aws.client("stepfunctions")
+            try:
+                status = sfn.describe_execution(executionArn=execution_arn)["status"]
+            except sfn.exceptions.ExecutionDoesNotExist:
+                status = "GONE"
+            self._running[execution_arn] = status == "RUNNING"
+        return self._running[execution_arn]
+
+
+@dataclass
+class RunState:
+    """What one reconciler run learns as it goes."""
+
+    executions: Executions = field(default_factory=Executions)
+    letters: Letters = field(default_factory=Letters)
+
+
+def _settle(
+    store: TaskStore,
+    item: dict[str, Any],
+    config: Settings,
+    now_ms: int,
+    run: RunState,
+) -> Reconciled:
     task_id, version = item["task_id"], int(item["version"])
     execution = item.get("claimed_by") or item.get("execution_arn")
-    if _execution_running(execution):
+    if run.executions.running(execution):
         store.check_later(task_id, version, now_ms + CHECK_AGAIN_MS)
         return Reconciled.STILL_RUNNING
     requeues = int(item.get("requeues", 0))
@@ -100,41 +155,62 @@ def _settle(store: TaskStore, item: dict[str, Any], config: Settings, now_ms: in
     )
     if failed is None:
         return Reconciled.CHANGED
-    send_letter(store, task_id, version, item["task_type"], execution or "", error)
+    run.letters.send(store, item, execution or "", error)
     return Reconciled.FAILED
 
 
-def _send_owed_letter(store: TaskStore, item: dict[str, Any], now_ms: int) -> Reconciled:
+def _send_owed_letter(
+    store: TaskStore, item: dict[str, Any], now_ms: int, letters: Letters
+) -> Reconciled:
     execution = item.get("claimed_by") or item.get("execution_arn") or ""
-    error = json.loads(item["error"])
-    task_id, version, task_type = item["task_id"], int(item["version"]), item["task_type"]
-    if send_letter(store, task_id, version, task_type, execution, error):
+    if letters.send(store, item, execution, json.loads(item["error"])):
         return Reconciled.LETTER_SENT
-    store.check_later(task_id, version, now_ms + CHECK_AGAIN_MS)
+    store.check_later(item["task_id"], int(item["version"]), now_ms + CHECK_AGAIN_MS)
     return Reconciled.LETTER_OWED
 
 
-def reconcile(config: Settings, until_ms: int) -> ReconcileReport:
+def reconcile(config: Settings, until_ms: int, deadline: float | None = None) -> ReconcileReport:
     """Settle every task in flight whose check time is at or before `until_ms`, and send
-    the dead letters owed by then."""
+    the dead letters owed by then; until `deadline` (a time.monotonic() value), if given."""
     store, now_ms, report = TaskStore(config.tasks_table), clock.now_ms(), ReconcileReport()
-    sqs_refused = False
-    for shard in range(config.shards):
-        for entry in list(store.in_shard(check_shard(shard), until_ms)):
-            item = store.get(entry["task_id"])
-            if not item or int(item["version"]) != int(entry["version"]):
-                continue  # changed since the index was read
-            if item["status"] == TaskStatus.FAILED and sqs_refused:
-                outcome = Reconciled.LETTER_OWED  # for the next run
-            elif item["status"] == TaskStatus.FAILED:
-                outcome = _send_owed_letter(store, item, now_ms)
-                sqs_refused = outcome is Reconciled.LETTER_OWED
-            elif item["status"] in (TaskStatus.SCHEDULED, TaskStatus.RUNNING):
-                outcome = _settle(store, item, config, now_ms)
-            else:
-                continue  # settled since the index was read
-            report.outcomes[outcome] += 1
-            report.tasks.append((item["task_id"], outcome))
-            if outcome is not Reconciled.STILL_RUNNING:
-                logger.warning("task reconciled", task_id=item["task_id"], outcome=outcome)
+    run = RunState()
+    for entry in _due_for_a_look(store, config, until_ms):
+        if deadline is not None and time.monotonic() >= deadline:
+            report.cut_short = True
+            logger.warning("reconciler out of time: the rest waits for the next run")
+            break
+        try:
+            outcome = _reconcile_one(store, entry, config, now_ms, run)
+        except (BotoCoreError, ClientError) as fault:
+            logger.warning("reconcile fault", task_id=entry["task_id"], fault=repr(fault))
+            outcome = Reconciled.FAULT
+        if outcome is None:
+            continue
+        report.outcomes[outcome] += 1
+        report.tasks.append((entry["task_id"], outcome))
+        if outcome not in (Reconciled.STILL_RUNNING, Reconciled.FAULT):
+            logger.warning("task reconciled", task_id=entry["task_id"], outcome=outcome)
     return report
+
+
+def _due_for_a_look(store: TaskStore, config: Settings, until_ms: int) -> Iterator[dict[str, Any]]:
+    """The check shards' entries due by `until_ms`, shard by shard, each shard read whole
+    before its entries are settled (settling moves entries within the shards)."""
+    for shard in range(config.shards):
+        yield from list(store.in_shard(check_shard(shard), until_ms))
+
+
+def _reconcile_one(
+    store: TaskStore, entry: dict[str, Any], config: Settings, now_ms: int, run: RunState
+) -> Reconciled | None:
+    """One index entry's outcome; None if its task changed or settled since the read."""
+    item = store.get(entry["task_id"])
+    if not item or int(item["version"]) != int(entry["version"]):
+        return None  # changed since the index was read
+    if item["status"] == TaskStatus.FAILED and run.letters.refused:
+        return Reconciled.LETTER_OWED  # for the next run
+    if item["status"] == TaskStatus.FAILED:
+        return _send_owed_letter(store, item, now_ms, run.letters)
+    if item["status"] in (TaskStatus.SCHEDULED, TaskStatus.RUNNING):
+        return _settle(store, item, config, now_ms, run)
+    return None  # settled since the index was read

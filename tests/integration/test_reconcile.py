@@ -13,7 +13,7 @@ from botocore.exceptions import ClientError
 
 from tests.conftest import batch_event, dead_letters, store_pending, stored, wait_for_status
 from tocsin import aws, clock
-from tocsin.index_keys import LETTER_GRACE_MS, SETTLE_AFTER_MS
+from tocsin.index_keys import LETTER_GRACE_MS, SETTLE_AFTER_MS, check_index_keys
 from tocsin.reconcile import CHECK_AGAIN_MS, MAX_REQUEUES, reconcile
 from tocsin.settings import settings
 from tocsin.store import TaskStore
@@ -162,3 +162,95 @@ def test_dead_letters_sqs_refused_are_owed_and_sent_once_by_the_reconciler(runti
         assert letter["error"] == json.loads(items[task_id]["error"])
         assert "gsi_pk" not in stored(task_id)
     assert reconcile(settings(), later).tasks == []  # each sent once
+
+
+@contextmanager
+def described(refuse: str | None = None) -> Iterator[list[str]]:
+    """The executions DescribeExecution is asked about meanwhile; `refuse`'s is throttled."""
+    asked: list[str] = []
+
+    def describe(params: dict, **_: object) -> None:
+        asked.append(params["executionArn"])
+        if params["executionArn"] == refuse:
+            raise ClientError({"Error": {"Code": "ThrottlingException"}}, "DescribeExecution")
+
+    events = aws.client("stepfunctions").meta.events
+    events.register("before-parameter-build.sfn.DescribeExecution", describe)
+    try:
+        yield asked
+    finally:
+        events.unregister("before-parameter-build.sfn.DescribeExecution", describe)
+
+
+def test_a_dead_batch_is_described_once_and_a_refused_look_leaves_only_its_tasks(runtime, receiver):
+    """Five tasks of one dead execution and one of another, whose DescribeExecution is
+    throttled: one look per execution, the five requeued, the sixth counted as a fault and
+    left in its check shard for the next run."""
+    ids = store_pending(receiver.url, 6, 60_000, "dead-batch")
+    store = TaskStore(settings().tasks_table)
+    throttled = f"{GONE}-throttled"
+    for task_id in ids:
+        execution = throttled if task_id == ids[-1] else GONE
+        assert store.claim(task_id, 1, execution, {"gsi_pk": "check-0", "gsi_due_ms": 0})
+    with described(refuse=throttled) as asked:
+        report = reconcile(settings(), past_check_time(ids[-1]))
+    assert sorted(asked) == [GONE, throttled]
+    assert {t: str(o) for t, o in report.tasks} == {
+        **{task_id: "requeued" for task_id in ids[:-1]},
+        ids[-1]: "reconcile_faults",
+    }
+    assert stored(ids[-1])["status"] == "RUNNING" and stored(ids[-1])["gsi_pk"] == "check-0"
+    with described() as asked:
+        assert {t: str(o) for t, o in reconcile(settings(), past_check_time(ids[-1])).tasks} == {
+            ids[-1]: "requeued"
+        }
+
+
+def test_a_reconciler_out_of_time_or_refused_its_reads_leaves_the_run_to_dispatch(
+    runtime, receiver
+):
+    """A flood of stuck tasks or a refused read of the check shards holds back no dispatch:
+    the reconciler stops at its deadline (the rest waits for the next run), and a finder
+    run whose reconciler cannot read still starts what is due."""
+    [stuck] = store_pending(receiver.url, 1, 60_000, "stuck")
+    assert TaskStore(settings().tasks_table).claim(
+        stuck, 1, GONE, {"gsi_pk": "check-0", "gsi_due_ms": 0}
+    )
+    report = reconcile(settings(), clock.now_ms(), deadline=0.0)
+    assert (report.tasks, report.as_dict()["reconcile_cut_short"]) == ([], 1)
+    assert stored(stuck)["status"] == "RUNNING"
+
+    [due] = store_pending(receiver.url, 1, 8000, "due-anyway")
+
+    def refuse_check_shards(params: dict, **_: object) -> None:
+        if str(params.get("ExpressionAttributeValues", {}).get(":shard", "")).startswith("check-"):
+            raise ClientError(
+                {"Error": {"Code": "ProvisionedThroughputExceededException"}}, "Query"
+            )
+
+    events = aws.resource("dynamodb").meta.client.meta.events
+    events.register("before-parameter-build.dynamodb.Query", refuse_check_shards)
+    try:
+        report = runtime.run_finder()
+    finally:
+        events.unregister("before-parameter-build.dynamodb.Query", refuse_check_shards)
+    assert (report["started"], report["reconcile_cut_short"], report["stuck"]) == (1, 1, 0)
+    assert stored(due)["status"] == "SCHEDULED" and stored(stuck)["status"] == "RUNNING"
+
+
+def test_tasks_failed_as_stuck_during_an_sqs_outage_try_one_letter_and_owe_the_rest(
+    runtime, receiver
+):
+    ids = store_pending(receiver.url, 2, 60_000, "stuck-unlettered")
+    store = TaskStore(settings().tasks_table)
+    for requeues in range(MAX_REQUEUES + 1):
+        for task_id in ids:
+            check = check_index_keys(task_id, int(stored(task_id)["due_ms"]), settings())
+            assert store.claim(task_id, 1, f"{GONE}-{requeues}", check)
+        if requeues < MAX_REQUEUES:
+            reconcile(settings(), past_check_time(ids[-1]))
+    with sqs_outage() as refused:
+        report = reconcile(settings(), past_check_time(ids[-1]))
+    assert sorted(str(o) for _, o in report.tasks) == ["failed_stuck", "failed_stuck"]
+    assert len(refused) == 1  # the first refusal stops the run's letters
+    assert all(stored(t)["gsi_pk"].startswith("check-") for t in ids)  # both letters owed

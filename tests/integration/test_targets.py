@@ -213,6 +213,8 @@ def test_generated_scheduled_event_runs_the_finder(runtime):
         "failed_stuck": 0,
         "letters_sent": 0,
         "letters_owed": 0,
+        "reconcile_faults": 0,
+        "reconcile_cut_short": 0,
         "schedules_due": 0,
         "occurrences_made": 0,
         "schedule_errors": 0,
