@@ -1,5 +1,12 @@
-"""boto3 clients made once per process, with botocore's retry modes rather than our own loops."""
+"""boto3 clients made once per process, with botocore's retry modes rather than our own loops.
 
+Every call is bounded: a connection gets CONNECT_TIMEOUT_S, an answer READ_TIMEOUT_S
+(botocore's defaults are 60 s each, half an executor's life). An executor must know how
+long one attempt at a target can take, so target clients retry once, not five times
+(`TARGET_ATTEMPT_LIMIT_S`); the executor's own attempts back off beyond that.
+"""
+
+import os
 import threading
 from functools import cache
 from typing import Any
@@ -8,6 +15,18 @@ import boto3
 from botocore.config import Config
 
 _lock = threading.Lock()
+CONNECT_TIMEOUT_S = 3.0
+READ_TIMEOUT_S = 10.0
+TARGET_RETRIES = 1
+# One send to an AWS target at most: every try connecting and waiting its longest, and
+# botocore's backoff between them (standard mode: up to 20 s, never that much after one).
+TARGET_ATTEMPT_LIMIT_S = (1 + TARGET_RETRIES) * (CONNECT_TIMEOUT_S + READ_TIMEOUT_S) + 2.0
+
+
+def _read_timeout_s() -> float:
+    """READ_TIMEOUT_S, unless the environment sets another (the embedded runtime: its one
+    DynamoDB process queues answers under load, where AWS's would not)."""
+    return float(os.environ.get("TOCSIN_SDK_READ_TIMEOUT_SECONDS", READ_TIMEOUT_S))
 
 
 @cache
@@ -15,6 +34,8 @@ def _cached(service: str, kind: str, retry_mode: str, max_attempts: int) -> Any:
     config = Config(
         retries={"mode": retry_mode, "max_attempts": max_attempts},
         max_pool_connections=64,
+        connect_timeout=CONNECT_TIMEOUT_S,
+        read_timeout=_read_timeout_s(),
     )
     factory = boto3.resource if kind == "resource" else boto3.client
     made = factory(service, config=config)
@@ -29,6 +50,12 @@ def client(service: str, retry_mode: str = "standard", max_attempts: int = 5) ->
     """A shared client with botocore's retries in `retry_mode`, `max_attempts` after the first."""
     with _lock:  # boto3's session is not safe to create clients from in parallel
         return _cached(service, "client", retry_mode, max_attempts)
+
+
+def target_client(service: str) -> Any:
+    """A client for sending to a target: one retry, so one attempt stays within
+    TARGET_ATTEMPT_LIMIT_S."""
+    return client(service, max_attempts=TARGET_RETRIES)
 
 
 def resource(service: str) -> Any:

@@ -159,17 +159,27 @@ def _deliver_once(task: ClaimedTask) -> dict[str, Any]:
 
 def fire(task: ClaimedTask, deadline_ms: int) -> Fired | Failed:
     """Prepare, gate and send; transient failures again after a backoff, while attempts
-    and the time before `deadline_ms` allow another (as long as the last one took)."""
-    attempts = 0
+    allow another and it can end before `deadline_ms` (one attempt may take the target's
+    `attempt_limit_s`: an invocation killed mid-attempt may have acted unrecorded, and
+    its retry would act again)."""
+    limit_ms = task.target.attempt_limit_s * 1000
+    attempts, prepared, another_sending = 0, False, False
     while True:
+        if max(clock.now_ms(), task.due_ms) + limit_ms > deadline_ms:  # it begins at the gate
+            if another_sending:  # not ours to fail: retry the batch once that one ended
+                raise DeliveryInProgress(task.task_id)
+            cause = f"out of time for an attempt after {attempts}"
+            return Failed("PermanentTargetError", cause, attempts)
         attempts += 1
-        began = clock.now_ms()
         try:
-            task.target.prepare()
+            if not prepared:
+                task.target.prepare()
+                prepared = True
             done = _deliver_once(task)
             return Fired(done["fired_ms"], done["result"], attempts)
         except IdempotencyAlreadyInProgressError:
             attempts -= 1  # not an attempt of ours: another invocation is sending it
+            another_sending = True
             if clock.now_ms() + IN_PROGRESS_POLL_S * 1000 > deadline_ms:
                 raise DeliveryInProgress(task.task_id) from None
             time.sleep(IN_PROGRESS_POLL_S)
@@ -182,8 +192,7 @@ def fire(task: ClaimedTask, deadline_ms: int) -> Fired | Failed:
                     "PermanentTargetError", f"gave up after {attempts} attempts: {error}", attempts
                 )
             pause_s = BACKOFF_S[min(attempts, len(BACKOFF_S)) - 1]
-            took_ms = clock.now_ms() - began
-            if clock.now_ms() + pause_s * 1000 + took_ms > deadline_ms:
+            if clock.now_ms() + pause_s * 1000 + limit_ms > deadline_ms:
                 cause = f"out of time after {attempts} attempts: {error}"
                 return Failed("PermanentTargetError", cause, attempts)
             time.sleep(pause_s)
@@ -347,7 +356,7 @@ def executor_handler(task_type: TaskType) -> Callable[[dict[str, Any], LambdaCon
     aws.resource("dynamodb")  # claims and marks on the Tasks table
     aws.client("sqs")  # dead letters
     for service in TARGETS[task_type].aws_services:
-        aws.client(service)
+        aws.target_client(service)
 
     @logger.inject_lambda_context(clear_state=True)
     @metrics.log_metrics

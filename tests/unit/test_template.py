@@ -6,9 +6,10 @@ from pathlib import Path
 
 from samtranslator.yaml_helper import yaml_parse
 
-from tocsin.dispatch import EXECUTORS
-from tocsin.executor import BACKOFF_S
-from tocsin.model import MAX_ATTEMPTS_LIMIT
+from tocsin import aws
+from tocsin.dispatch import EXECUTORS, MAX_STAGGER_S
+from tocsin.executor import BACKOFF_S, FINISH_MARGIN_MS
+from tocsin.model import MAX_ATTEMPTS_LIMIT, TaskType
 from tocsin.targets import TARGETS
 
 ROOT = Path(__file__).parents[2]
@@ -97,6 +98,25 @@ def test_the_step_functions_local_mocks_name_real_task_states():
 
 def test_the_executor_backs_off_before_each_attempt_a_task_may_ask_for():
     assert len(BACKOFF_S) + 1 == MAX_ATTEMPTS_LIMIT
+
+
+def test_at_the_parameters_maxima_one_attempt_still_fits_the_executors_timeout():
+    """The last gate comes after the lead, a full batch's preparation, the largest stagger,
+    the window and Wait's flooring; one attempt of the slowest target must then end before
+    the time the executor keeps for its final marks, or no task of such a batch could be
+    tried once without risking an invocation killed mid-attempt."""
+    maximum = {name: p.get("MaxValue") for name, p in TEMPLATE["Parameters"].items()}
+    last_gate_s = (
+        maximum["LeadMilliseconds"] / 1000
+        + maximum["PrepareMillisecondsPerTask"] * maximum["BatchSize"] / 1000
+        + MAX_STAGGER_S
+        + maximum["BatchWindowMilliseconds"] / 1000
+        + 1  # Wait drops the wake's milliseconds
+    )
+    webhook = TARGETS[TaskType.WEBHOOK](url="https://example.com/")
+    slowest_s = max(webhook.attempt_limit_s, aws.TARGET_ATTEMPT_LIMIT_S)
+    timeout_s = TEMPLATE["Globals"]["Function"]["Timeout"]
+    assert last_gate_s + slowest_s <= timeout_s - FINISH_MARGIN_MS / 1000
 
 
 def test_the_layer_is_built_for_the_runtime_and_cpu_the_functions_run_on():

@@ -87,6 +87,9 @@ PROCESS_ENVIRONMENT = {
     "TZ": "UTC",  # moto's Wait compares with a naive local datetime.now()
     "POWERTOOLS_METRICS_DISABLED": "true",
     "POWERTOOLS_TRACE_DISABLED": "true",
+    # botocore's own default: the one DynamoDB process queues answers under load for longer
+    # than AWS ever takes (`tocsin.aws.READ_TIMEOUT_S`), and a retry would only queue again.
+    "TOCSIN_SDK_READ_TIMEOUT_SECONDS": "60",
 }
 
 QUEUE_POLL_INTERVAL_S = 1.0

@@ -50,6 +50,12 @@ class Target(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     aws_services: ClassVar[tuple[str, ...]] = ()  # clients to create at init, not on the clock
 
+    @property
+    def attempt_limit_s(self) -> float:
+        """The longest one `send` can take: an executor starts no attempt that could
+        outlast its invocation (a killed attempt may have acted, unrecorded)."""
+        return aws.TARGET_ATTEMPT_LIMIT_S
+
     def prepare(self) -> None:
         """Work that can be done ahead of the due time (resolving, checking)."""
 

@@ -23,7 +23,7 @@ class EmailTarget(Target):
         payload = json.loads(delivery.payload_json)
         text = payload if isinstance(payload, str) else json.dumps(payload, indent=2)
         with aws_target_errors():
-            reply = aws.client("ses").send_email(
+            reply = aws.target_client("ses").send_email(
                 Source=self.source,
                 Destination={"ToAddresses": self.to},
                 Message={"Subject": {"Data": self.subject}, "Body": {"Text": {"Data": text}}},

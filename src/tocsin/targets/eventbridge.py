@@ -35,7 +35,7 @@ class EventBridgeTarget(Target):
             "Detail": delivery.envelope(),
         }
         with aws_target_errors():
-            reply = aws.client("events").put_events(Entries=[entry])
+            reply = aws.target_client("events").put_events(Entries=[entry])
         result = reply["Entries"][0]
         code = result.get("ErrorCode")
         if code in _TRANSIENT_ENTRY_ERRORS:

@@ -17,7 +17,7 @@ class LambdaTarget(Target):
 
     def send(self, delivery: Delivery) -> dict[str, Any]:
         with aws_target_errors():
-            reply = aws.client("lambda").invoke(
+            reply = aws.target_client("lambda").invoke(
                 FunctionName=self.function_arn,
                 InvocationType="Event",
                 Payload=delivery.envelope().encode(),

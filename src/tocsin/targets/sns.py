@@ -30,5 +30,5 @@ class SnsTarget(Target):
         if self.topic_arn.endswith(".fifo"):
             message.update(fifo_parameters(self.message_group_id, delivery))
         with aws_target_errors():
-            reply = aws.client("sns").publish(**message)
+            reply = aws.target_client("sns").publish(**message)
         return {"message_id": reply["MessageId"]}

@@ -21,5 +21,5 @@ class SqsTarget(Target):
         if self.queue_url.endswith(".fifo"):
             message.update(fifo_parameters(self.message_group_id, delivery))
         with aws_target_errors():
-            reply = aws.client("sqs").send_message(**message)
+            reply = aws.target_client("sqs").send_message(**message)
         return {"message_id": reply["MessageId"]}

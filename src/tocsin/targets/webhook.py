@@ -32,6 +32,7 @@ SECRET_PREFIX = "whsec_"
 _RESERVED_HEADERS = {"host", "content-length", "content-type", "idempotency-key", "connection"}
 _RESERVED_PREFIXES = ("tocsin-", "webhook-")
 _RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
+CONNECT_TRIES = 3  # a connection refused or timed out, within one attempt
 
 
 def signing_keys(secret: str) -> list[bytes]:
@@ -70,7 +71,7 @@ def _is_allowed(parts: SplitResult) -> bool:
 
 @cache
 def _secrets() -> SecretsProvider:
-    return SecretsProvider(boto3_client=aws.client("secretsmanager"))
+    return SecretsProvider(boto3_client=aws.target_client("secretsmanager"))
 
 
 def _signing_keys() -> list[bytes]:
@@ -117,6 +118,12 @@ class WebhookTarget(Target):
                 raise ValueError(f"header {name!r} has a line break or is too long")
         return headers
 
+    @property
+    def attempt_limit_s(self) -> float:
+        """Connecting (tried up to CONNECT_TRIES times), then waiting for the answer."""
+        timeout = settings().webhook_timeout_s
+        return CONNECT_TRIES * min(aws.CONNECT_TIMEOUT_S, timeout) + timeout
+
     def prepare(self) -> None:
         parts = urlsplit(self.url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -128,9 +135,11 @@ class WebhookTarget(Target):
         _open_ahead(self._pool)
 
     def send(self, delivery: Delivery) -> dict[str, Any]:
+        parts = urlsplit(self.url)
         if self._pool is None:
             self.prepare()
-        parts = urlsplit(self.url)
+        elif self._pool.pool is None:  # closed by the last attempt's send: the same address
+            self._pool = self._connection_pool(parts)
         body = delivery.payload_json.encode()
         headers = {
             **self.headers,
@@ -151,7 +160,7 @@ class WebhookTarget(Target):
         timeout = settings().webhook_timeout_s
         common: dict[str, Any] = {
             "port": parts.port,
-            "timeout": urllib3.Timeout(connect=min(3.0, timeout), read=timeout),
+            "timeout": urllib3.Timeout(connect=min(aws.CONNECT_TIMEOUT_S, timeout), read=timeout),
             "maxsize": 1,
         }
         if parts.scheme == "https":
@@ -164,14 +173,11 @@ class WebhookTarget(Target):
     def _post(self, parts: SplitResult, body: bytes, headers: dict[str, str]) -> int:
         pool = self._pool
         assert pool is not None  # made by prepare()
+        # Only a connection that failed is tried again here: nothing was sent. A status
+        # or a timeout after the request went out is the executor's to retry, after a
+        # backoff and within its time (`attempt_limit_s`).
         retries = urllib3.Retry(
-            total=2,
-            redirect=False,
-            status_forcelist=_RETRIED_STATUSES,
-            allowed_methods=None,
-            backoff_factor=0.1,
-            respect_retry_after_header=False,
-            raise_on_status=False,
+            total=CONNECT_TRIES - 1, connect=CONNECT_TRIES - 1, read=0, status=0, other=0
         )
         path = parts.path or "/"
         if parts.query:

@@ -1,0 +1,74 @@
+"""An executor starts no attempt that could outlast its invocation: Lambda kills an
+invocation at its timeout, and an attempt killed after it acted leaves no record, so the
+retried invocation would act again. Each attempt may take its target's `attempt_limit_s`."""
+
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from tocsin import aws, clock
+from tocsin.errors import TransientTargetError
+from tocsin.executor import ClaimedTask, Failed, fire
+from tocsin.settings import settings
+from tocsin.targets.base import Delivery, Target
+
+LIMIT_S = 1.0
+pytestmark = pytest.mark.filterwarnings("ignore:Couldn.t determine the remaining time")
+
+
+class SlowTarget(Target):
+    """A target the network keeps failing, whose one send may take LIMIT_S."""
+
+    sends: ClassVar[list[int]] = []
+
+    @property
+    def attempt_limit_s(self) -> float:
+        return LIMIT_S
+
+    def send(self, delivery: Delivery) -> dict[str, Any]:
+        self.sends.append(clock.now_ms())
+        raise TransientTargetError("503")
+
+
+@pytest.fixture(autouse=True)
+def idempotency_table(monkeypatch) -> Iterator[None]:
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("IDEMPOTENCY_TABLE", "idempotency")
+    settings.cache_clear()
+    aws.forget_clients()
+    with mock_aws():
+        boto3.client("dynamodb").create_table(
+            TableName="idempotency",
+            KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+            AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
+            BillingMode="PAY_PER_REQUEST",
+        )
+        SlowTarget.sends.clear()
+        yield
+    settings.cache_clear()
+    aws.forget_clients()
+
+
+def task(task_id: str, due_ms: int) -> ClaimedTask:
+    return ClaimedTask(task_id, 1, due_ms, SlowTarget(), "{}", max_attempts=5)
+
+
+def test_no_attempt_starts_that_could_end_after_the_deadline():
+    now = clock.now_ms()
+    outcome = fire(task("late-gate", now), deadline_ms=now + int(LIMIT_S * 1000) - 300)
+    assert outcome == Failed("PermanentTargetError", "out of time for an attempt after 0", 0)
+    assert SlowTarget.sends == []
+
+
+def test_retries_stop_when_the_next_attempt_could_not_end_in_time():
+    """Backoffs of 0.5, 1 and 2 s with 1 s attempts: a third attempt starts at about 1.5 s
+    and could end by 2.5 s; a fourth could not end before 4.5 s, past the 4 s deadline."""
+    now = clock.now_ms()
+    outcome = fire(task("flaky", now), deadline_ms=now + 4000)
+    assert isinstance(outcome, Failed) and outcome.attempts == 3
+    assert outcome.cause.startswith("out of time after 3 attempts")
+    assert len(SlowTarget.sends) == 3
+    assert SlowTarget.sends[-1] + LIMIT_S * 1000 <= now + 4000
