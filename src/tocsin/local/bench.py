@@ -168,6 +168,7 @@ def timed_run(
         after = runtime.footprint()
         cpu_s = after["cpu_s"] - before["cpu_s"]
         requests = after["dynamodb_requests"] - before["dynamodb_requests"]
+        write_units = after["dynamodb_write_units"] - before["dynamodb_write_units"]
         arrivals = receiver.received()
         figures = summarize(planned, arrivals)
         executions = list(runtime.executions())
@@ -178,7 +179,8 @@ def timed_run(
             submit_s=round(submit_s, 1),
         )
         if cost:
-            figures["cost"] = billed_usage(runtime, executions, requests, len(planned))
+            usage = billed_usage(runtime, executions, requests, write_units, len(planned))
+            figures["cost"] = usage
     bench.progress.remove_task(bar)
     lateness = lateness_values(planned, arrivals)
     figures.update(

@@ -2,10 +2,12 @@
 
 Usage is counted, not assumed: state transitions from each execution's history, Lambda
 invocations and their billed milliseconds (the gate's sleep included) from the runtime,
-DynamoDB requests from moto's handler, API requests from the API function's invocations.
-Prices are AWS list prices in us-east-1 (Lambda at each function's architecture, DynamoDB
-on demand, Step Functions Standard, HTTP API), checked 2026-11; each DynamoDB request is
-priced as one request unit, which holds for items up to 1 KB written and 4 KB read.
+DynamoDB write units (per 1 KB of each item written, and each global index's writes:
+`tocsin.local.write_units`) and read requests from the DynamoDB process, API requests from
+the API function's invocations. Prices are AWS list prices in us-east-1 (Lambda at each
+function's architecture, DynamoDB on demand, Step Functions Standard, HTTP API), checked
+2026-11; a read request is priced as one read unit, which holds for strongly consistent
+reads of up to 4 KB (reads are a few cents of a task's cost).
 """
 
 from collections import Counter
@@ -17,12 +19,12 @@ GB_SECOND_PRICE = {"x86_64": 0.0000166667, "arm64": 0.0000133334}
 PRICE_PER_UNIT = {
     "state_transitions": 0.025 / 1000,
     "lambda_invocations": 0.20 / 1e6,
-    "dynamodb_writes": 0.625 / 1e6,
+    "dynamodb_write_units": 0.625 / 1e6,
+    "dynamodb_index_write_units": 0.625 / 1e6,
     "dynamodb_reads": 0.125 / 1e6,
     "api_requests": 1.00 / 1e6,
 }
 SCHEDULER_PER_MILLION = 1.00  # EventBridge Scheduler: $1.00 per million invocations, 60 s precision
-WRITES = {"PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"}
 READS = {"GetItem", "Query", "Scan", "BatchGetItem", "TransactGetItems"}
 
 
@@ -37,7 +39,11 @@ def transitions(execution_arn: str) -> int:
 
 
 def billed_usage(
-    runtime: Any, executions: list[Any], requests: Counter[str], tasks: int
+    runtime: Any,
+    executions: list[Any],
+    requests: Counter[str],
+    write_units: Counter[str],
+    tasks: int,
 ) -> dict[str, float]:
     """Per task: each billed unit, and the dollars per million tasks it comes to."""
     invocations = gb_seconds = gb_second_usd = 0.0
@@ -53,7 +59,8 @@ def billed_usage(
         "state_transitions": sum(transitions(e.execution_arn) for e in executions),
         "lambda_invocations": invocations,
         "lambda_gb_seconds": gb_seconds,
-        "dynamodb_writes": sum(requests[action] for action in WRITES),
+        "dynamodb_write_units": write_units["table"],
+        "dynamodb_index_write_units": write_units["index"],
         "dynamodb_reads": sum(requests[action] for action in READS),
         "api_requests": runtime.usage["ApiFunction", "invocations"],
     }

@@ -8,7 +8,8 @@ handlers, Powertools and moto's state machine interpreter use it unchanged.
 
 The child answers with moto's own request handling, one request at a time, as
 DynamoDB's conditional writes are atomic. Two paths beside the API are the runtime's:
-`GET /_tocsin/usage` (requests by action, CPU seconds, peak memory) and
+`GET /_tocsin/usage` (requests by action, the write units they were billed, CPU seconds,
+peak memory) and
 `POST /_tocsin/faults` (a share of one action's requests refused, for `tocsin chaos`).
 """
 
@@ -27,8 +28,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from tocsin.local.moto_patches import dynamodb_patches
+from tocsin.local.write_units import Metering
 
 DYNAMODB_URL = "https://dynamodb.us-east-1.amazonaws.com"
+ACCOUNT_ID, REGION = "123456789012", "us-east-1"  # moto's default account: the runtime's
 USAGE_PATH, FAULTS_PATH = "/_tocsin/usage", "/_tocsin/faults"
 ERROR_TYPE_PREFIX = "com.amazonaws.dynamodb.v20120810#"
 READY_TIMEOUT_S = 60.0
@@ -64,6 +67,7 @@ class _Service:
     injected: Counter[str] = field(default_factory=Counter)  # faults met, by code
     faults: dict[str, list[Fault]] = field(default_factory=dict)
     rng: random.Random = field(default_factory=random.Random)
+    metering: Metering | None = None  # made with moto's backend, at the first request
 
     def fault_for(self, action: str) -> Fault | None:
         """Under the lock: count the request, and pick the fault it meets, if any."""
@@ -76,8 +80,21 @@ class _Service:
                 return fault
         return None
 
+    def meter(self) -> Metering:
+        if self.metering is None:
+            from moto.dynamodb.models import dynamodb_backends
+
+            self.metering = Metering(dynamodb_backends[ACCOUNT_ID][REGION])
+        return self.metering
+
     def usage(self) -> dict[str, Any]:
-        return {"requests": dict(self.requests), "injected": dict(self.injected), **process_usage()}
+        billed = dict(self.metering.billed) if self.metering else {}
+        return {
+            "requests": dict(self.requests),
+            "write_units": billed,
+            "injected": dict(self.injected),
+            **process_usage(),
+        }
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -108,7 +125,10 @@ class _Handler(BaseHTTPRequestHandler):
         with self.service.lock:
             fault = self.service.fault_for(action)
             if fault is None or fault.after_commit:
+                meter = self.service.meter()
+                writing = meter.before(action, json.loads(body) if body else {})
                 status, headers, answer = botocore_stubber.process_request(request)
+                meter.after(writing)
         if fault is not None:
             error = {"__type": ERROR_TYPE_PREFIX + fault.code, "message": "injected fault"}
             headers = {"x-amzn-RequestId": str(uuid.uuid4())}  # as every AWS answer has
@@ -176,7 +196,12 @@ class DynamoDBProcess:
             text=True,
         )
         self.endpoint = ""
-        self._last_usage: dict[str, Any] = {"requests": {}, "cpu_s": 0.0, "peak_memory_mb": 0.0}
+        self._last_usage: dict[str, Any] = {
+            "requests": {},
+            "write_units": {},
+            "cpu_s": 0.0,
+            "peak_memory_mb": 0.0,
+        }
 
     def wait_until_ready(self) -> str:
         """The endpoint, once the child listens (it started while the parent built the rest)."""
@@ -217,7 +242,8 @@ class DynamoDBProcess:
             )
 
     def usage(self) -> dict[str, Any]:
-        """Requests by action, CPU seconds and peak memory (MiB); at the stop, as they were."""
+        """Requests by action, write units billed (`table`, `index`), CPU seconds and peak
+        memory (MiB); at the stop, as they were."""
         if self.endpoint and self._child.poll() is None:
             with urllib.request.urlopen(self.endpoint + USAGE_PATH, timeout=10) as reply:
                 self._last_usage = json.loads(reply.read())

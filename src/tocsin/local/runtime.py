@@ -274,12 +274,14 @@ class EmbeddedRuntime:
 
     def footprint(self) -> dict[str, Any]:
         """CPU seconds and peak memory (MiB) of this process and the DynamoDB process
-        together, and DynamoDB's requests by action; after the stop, as they were then."""
+        together, DynamoDB's requests by action and the write units they were billed
+        (`tocsin.local.write_units`); after the stop, as they were then."""
         own, tables = process_usage(), self.dynamodb.usage()
         return {
             "cpu_s": own["cpu_s"] + tables["cpu_s"],
             "peak_memory_mb": round(own["peak_memory_mb"] + tables["peak_memory_mb"], 1),
             "dynamodb_requests": Counter(tables["requests"]),
+            "dynamodb_write_units": Counter(tables["write_units"]),
         }
 
     def run_finder(self) -> Any:
