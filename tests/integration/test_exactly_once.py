@@ -6,6 +6,7 @@ import threading
 import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from unittest import mock
 
 import boto3
 import pytest
@@ -23,6 +24,7 @@ from tests.conftest import (
     webhook_task,
 )
 from tocsin import aws, clock
+from tocsin.executor import TableUnavailable
 from tocsin.index_keys import check_index_keys
 from tocsin.local.cost import transitions
 from tocsin.local.runtime import EmbeddedRuntime
@@ -279,6 +281,27 @@ def test_a_dense_window_fires_from_one_execution_each_task_at_its_millisecond(ru
     assert Counter(a.task_id for a in arrivals) == dict.fromkeys(ids, 1)
     assert all(a.arrival_ms >= due[a.task_id] for a in arrivals)
     assert transitions(execution.execution_arn) == 2
+
+
+def test_a_retried_invocation_is_billed_as_a_transition_and_fires_once(runtime, receiver):
+    """Fire's first invocation fails as a whole (the table was unavailable for its claims):
+    Step Functions retries it, bills the retry as a transition, and the task fires once."""
+    [task_id] = store_pending(receiver.url, 1, 6000, "retried")
+    invoke, failed = runtime.invoke, []
+
+    def first_fails(logical_id: str, event: dict) -> object:
+        if logical_id == "WebhookExecutorFunction" and not failed:
+            failed.append(event)
+            raise TableUnavailable("injected: claims not written in time")
+        return invoke(logical_id, event)
+
+    with mock.patch.object(runtime, "invoke", first_fails):
+        runtime.run_finder()
+        wait_for_status(task_id, {"SUCCEEDED"}, timeout_s=30)
+    assert failed and [a.task_id for a in receiver.received()] == [task_id]
+    assert runtime.wait_for_executions(10)
+    [execution] = runtime.executions()
+    assert transitions(execution.execution_arn) == 3  # Wait, Fire, and Fire's retry
 
 
 def test_crowded_seconds_wake_staggered_and_still_fire_once_on_time(receiver):

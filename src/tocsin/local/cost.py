@@ -29,13 +29,13 @@ READS = {"GetItem", "Query", "Scan", "BatchGetItem", "TransactGetItems"}
 
 
 def transitions(execution_arn: str) -> int:
-    """States entered by one execution: what Step Functions Standard bills."""
+    """What Step Functions Standard bills one execution: every state entered, and every
+    retry of a Task state (a TaskScheduled beyond the one its entry makes)."""
     pages = aws.client("stepfunctions").get_paginator("get_execution_history")
-    return sum(
-        event["type"].endswith("StateEntered")
-        for page in pages.paginate(executionArn=execution_arn)
-        for event in page["events"]
-    )
+    history = pages.paginate(executionArn=execution_arn)
+    kinds = Counter(event["type"] for page in history for event in page["events"])
+    entered = sum(n for kind, n in kinds.items() if kind.endswith("StateEntered"))
+    return entered + kinds["TaskScheduled"] - kinds["TaskStateEntered"]
 
 
 def billed_usage(
