@@ -85,7 +85,7 @@ class WebhookTarget(Target):
     url: str = Field(max_length=2048)
     headers: dict[str, str] = Field(default_factory=dict, max_length=20)
     _address: str | None = PrivateAttr(default=None)
-    _keys: list[bytes] = PrivateAttr(default_factory=list)
+    _keys: list[bytes] | None = PrivateAttr(default=None)  # a factory costs pydantic a signature
     _pool: urllib3.HTTPConnectionPool | None = PrivateAttr(default=None)
 
     @field_validator("url")
