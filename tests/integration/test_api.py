@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import all_tasks, call_api, wait_for_status, webhook_task
 from tocsin import clock
+from tocsin.local.chaos import wake_ms
 from tocsin.local.server import api_event
 from tocsin.model import owner_id
 from tocsin.settings import MAX_PAYLOAD_BYTES, settings
@@ -307,17 +308,18 @@ def test_cancel_or_reschedule_after_the_fire_is_a_conflict(runtime, receiver):
 
 
 def test_cancel_racing_the_fire_gives_exactly_one_outcome(runtime, receiver):
-    """Cancels land from before the wake-up to just after the due time: each task is either
-    cancelled and never fired, or fired once and the cancel refused."""
-    lead = settings().lead_ms
-    due = clock.now_ms() + lead + 4000  # the wake comes 3-4 s from now
-    offsets = [-lead - 2500, -2500, -1500, -20, -5, 0, 5, 20]
+    """Cancels land around the claim, which follows the wake of each task's execution (read
+    from the execution's input): each task is either cancelled and never fired, or fired once
+    and the cancel refused. Both happen, so the race took place."""
+    due = clock.now_ms() + settings().lead_ms + 4000  # the wake comes 3-4 s from now
+    offsets = [-2500, -1500, -1000, -500, -250, 0, 250, 500, 1000, 2500]
     for i in range(len(offsets)):
         call_api(runtime, "POST", "/tasks", webhook_task(receiver.url, due, f"race-{i}"))
     outcomes: dict[str, int] = {}
 
     def cancel_at(i: int, offset: int) -> None:
-        time.sleep(max(0, due + offset - clock.now_ms()) / 1000)
+        at = wake_ms(f"race-{i}", due) + offset
+        time.sleep(max(0, at - clock.now_ms()) / 1000)
         outcomes[f"race-{i}"], _ = call_api(runtime, "DELETE", f"/tasks/race-{i}")
 
     threads = [threading.Thread(target=cancel_at, args=pair) for pair in enumerate(offsets)]
@@ -325,7 +327,6 @@ def test_cancel_racing_the_fire_gives_exactly_one_outcome(runtime, receiver):
         thread.start()
     for thread in threads:
         thread.join()
-    time.sleep(1)
     assert runtime.wait_for_executions(15)
     fired = Counter(a.task_id for a in receiver.received())
     for task_id, status in outcomes.items():

@@ -368,7 +368,7 @@ RACE_WINDOW_MS = (-1500, 700)  # around the wake: moto's Wait ends up to 1 s bef
 RACE_SPACING_MS = 25  # between the races' due times, on average: their API calls keep pace
 
 
-def _wake_ms(task_id: str, due_ms: int) -> int:
+def wake_ms(task_id: str, due_ms: int) -> int:
     """The wake time of the task's execution, read from its input: the claim follows it.
     (A claim can come before the submit's mark: then only `claimed_by` names it.)"""
     from tocsin.store import TaskStore
@@ -396,7 +396,7 @@ def cancel_and_reschedule_races(trial: Trial, tasks: int) -> None:
     answers: dict[str, tuple[str, int]] = {}
 
     def act(task_id: str, due_ms: int, offset_ms: int, reschedule: bool) -> None:
-        time.sleep(max(0, _wake_ms(task_id, due_ms) + offset_ms - clock.now_ms()) / 1000)
+        time.sleep(max(0, wake_ms(task_id, due_ms) + offset_ms - clock.now_ms()) / 1000)
         if reschedule:
             new_due = clock.now_ms() + 3000
             status, _ = trial.api("PATCH", f"/tasks/{task_id}", {"due_at": clock.to_iso(new_due)})
