@@ -100,6 +100,37 @@ def test_finder_crash_between_start_and_mark_still_fires_once(runtime, receiver)
     assert {e.name for e in runtime.executions()} == started
 
 
+def test_a_crashed_run_repacked_with_a_newcomer_still_fires_each_task_once(runtime, receiver):
+    """The finder starts a window's batch and dies before marking; a task due in the same
+    window arrives; the next run packs the six into a new batch (a new name: a second
+    execution). Both executions claim the first five: the claim decides, each fires once."""
+    ids = store_pending(receiver.url, 5, 8000, "repack")
+    table_client = aws.resource("dynamodb").meta.client
+
+    def connection_lost(**_: object) -> None:
+        raise EndpointConnectionError(endpoint_url="https://dynamodb.us-east-1.amazonaws.com")
+
+    table_client.meta.events.register("before-call.dynamodb.UpdateItem", connection_lost)
+    with pytest.raises(EndpointConnectionError):
+        runtime.run_finder()
+    table_client.meta.events.unregister("before-call.dynamodb.UpdateItem", connection_lost)
+    first = {e.name for e in runtime.executions()}
+    due_ms = int(stored(ids[0])["due_ms"])
+    body, now = webhook_task(receiver.url, due_ms, "repack-new"), clock.now_ms()
+    TaskStore(settings().tasks_table).create(new_item(body, "alice", now, settings()))
+
+    second = runtime.run_finder()
+    assert second["found"] == len(ids) + 1 and second["backlog"] == 0
+    repacked = {e.name for e in runtime.executions()} - first
+    assert repacked  # the newcomer's window holds other members now: another execution
+    for task_id in [*ids, "repack-new"]:
+        wait_for_status(task_id, {"SUCCEEDED"})
+    assert runtime.wait_for_executions(15)
+    assert Counter(a.task_id for a in receiver.received()) == dict.fromkeys([*ids, "repack-new"], 1)
+    holders = {stored(task_id)["claimed_by"].rsplit(":", 1)[1] for task_id in ids}
+    assert holders <= first | repacked
+
+
 @pytest.mark.parametrize("max_attempts", [1, 3])
 def test_transient_failure_is_retried_up_to_max_attempts_then_failed_to_the_dlq(
     runtime, receiver, max_attempts
