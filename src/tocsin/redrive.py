@@ -9,7 +9,10 @@ once the task is redriven, or when it no longer applies (the task changed or is 
 A task is redriven once per run: if it fails again before the run ends, that dead letter
 stays on the queue for the next run, instead of the run chasing it version after version.
 A second letter for a version already redriven is a copy (a letter may be sent twice;
-see `tocsin.dead_letter`): it is deleted as such.
+see `tocsin.dead_letter`): it is deleted as such. A batch's tasks are still SCHEDULED or
+RUNNING when its letter lands: the reconciler settles them past their check time
+(requeued, or FAILED with a letter of their own), and the batch's letter stays until none
+of its tasks is in flight.
 """
 
 import json
@@ -26,6 +29,7 @@ from tocsin.store import TaskStore
 
 FAILED_AGAIN = "failed again, left for the next run"
 COPY = "a copy of a letter redriven"
+IN_FLIGHT = "in flight, for the reconciler (letter kept)"
 
 
 @dataclass
@@ -87,7 +91,7 @@ def redrive(
             if progress:
                 progress(task_id, version, outcome)
             outcomes.append(outcome)
-        if dry_run or {"unreadable", FAILED_AGAIN} & set(outcomes):
+        if dry_run or {"unreadable", FAILED_AGAIN, IN_FLIGHT} & set(outcomes):
             kept.append(message["ReceiptHandle"])
         else:
             sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
@@ -102,6 +106,8 @@ def _redrive_one(
     item = store.get(task_id)
     if item is None:
         return "gone"
+    if int(item["version"]) == version and item["status"] in ("SCHEDULED", "RUNNING"):
+        return IN_FLIGHT
     if item["status"] != "FAILED" or int(item["version"]) != version:
         return "changed"
     if dry_run:

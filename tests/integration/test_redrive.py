@@ -1,16 +1,21 @@
 """`tocsin redrive`: FAILED tasks from the dead-letter queue fire again as their next version."""
 
 import json
+from unittest import mock
 
 import boto3
 
 from tests.conftest import stored, wait_for_status, webhook_task
 from tocsin import clock
 from tocsin.cli import main
+from tocsin.executor import TableUnavailable
+from tocsin.index_keys import SETTLE_AFTER_MS
 from tocsin.local.runtime import STACK_NAME
-from tocsin.redrive import COPY, FAILED_AGAIN, redrive
+from tocsin.reconcile import reconcile
+from tocsin.redrive import COPY, FAILED_AGAIN, IN_FLIGHT, redrive
 from tocsin.settings import settings
-from tocsin.submit import submit_task
+from tocsin.store import TaskStore
+from tocsin.submit import new_item, submit_task
 
 
 def failed_task(runtime, receiver, task_id: str) -> None:
@@ -81,3 +86,48 @@ def test_a_copy_of_a_dead_letter_is_deleted_as_a_copy(runtime, receiver):
     assert runtime.wait_for_executions(10)
     [left] = [json.loads(m["Body"]) for m in sqs.receive_message(QueueUrl=queue)["Messages"]]
     assert (left["task_id"], left["version"]) == ("twice", 2)  # only the new version's letter
+
+
+def test_a_batch_whose_invocation_fails_for_good_is_dead_lettered_and_settled(runtime, receiver):
+    """Every invocation of the batch's executor fails as a whole: Fire retries, then the
+    batch and its error go to the dead-letter queue and the execution fails. The letter
+    stays while its tasks are in flight; the reconciler requeues them, they fire once, and
+    the next redrive finds nothing left to do and deletes the letter."""
+    ids = [f"dropped-{i}" for i in range(2)]
+    due = clock.now_ms() + 6000
+    store = TaskStore(settings().tasks_table)
+    for task_id in ids:  # PENDING, for the finder to pack into one batch
+        body = webhook_task(receiver.url, due, task_id)
+        store.create(new_item(body, "alice", clock.now_ms(), settings()))
+    invoke = runtime.invoke
+
+    def unavailable(logical_id: str, event: dict) -> object:
+        if logical_id == "WebhookExecutorFunction":
+            raise TableUnavailable("injected: the table is out of reach")
+        return invoke(logical_id, event)
+
+    with mock.patch.object(runtime, "invoke", unavailable):
+        assert runtime.run_finder()["executions"] == 1
+        assert runtime.wait_for_executions(30)
+    [execution] = runtime.executions()
+    assert execution.status == "FAILED"
+    [letter] = [json.loads(m["Body"]) for m in boto3.client("sqs").receive_message(
+        QueueUrl=runtime.dead_letter_queue_url, VisibilityTimeout=0)["Messages"]]  # fmt: skip
+    assert letter["execution"] == execution.execution_arn
+    assert [t["task_id"] for t in letter["batch"]["tasks"]] == ids
+    assert letter["batch"]["error"]["Error"] == "TableUnavailable"
+    assert "payload" not in json.dumps(letter)  # ids only
+
+    report = redrive(runtime.dead_letter_queue_url, settings())
+    assert report.tasks == [(task_id, 1, IN_FLIGHT) for task_id in ids]
+    assert dead_letters(runtime) == 1  # kept while its tasks are in flight
+    settled = reconcile(settings(), due + SETTLE_AFTER_MS + 1)
+    assert sorted(str(o) for _, o in settled.tasks) == ["requeued", "requeued"]
+    runtime.run_finder()
+    for task_id in ids:
+        wait_for_status(task_id, {"SUCCEEDED"})
+    assert sorted(a.task_id for a in receiver.received()) == ids
+    assert redrive(runtime.dead_letter_queue_url, settings()).tasks == [
+        (task_id, 1, "changed") for task_id in ids
+    ]
+    assert dead_letters(runtime) == 0
