@@ -148,3 +148,21 @@ def test_the_largest_payload_that_grows_when_escaped_fires_and_never_enters_the_
     events = sfn.get_execution_history(executionArn=execution.execution_arn)["events"]
     largest = max(len(json.dumps(event, default=str)) for event in events)
     assert len(given) < 1024 and largest < 4096
+
+
+def test_a_hanging_target_holds_up_no_other_task_of_its_batch(runtime, receiver):
+    """Two tasks in one batch, the first one's receiver hanging: the second still fires at
+    its own millisecond, while the first one's request is still unanswered."""
+    receiver.hang_s = 4.0
+    due = (clock.now_ms() // 1000 + 8) * 1000  # one window, past the local lead
+    store = TaskStore(settings().tasks_table)
+    for task_id, offset, path in (("hung", 0, "/hang"), ("after-hung", 300, "/ok")):
+        body = webhook_task(f"{receiver.url}{path}", due + offset, task_id)
+        store.create(new_item(body, "alice", clock.now_ms(), settings()))
+    receiver.script_for["/hang"] = ["hang"]
+    assert runtime.run_finder()["executions"] == 1
+    wait_for_status("after-hung", {"SUCCEEDED"})
+    arrived = {a.task_id: a.arrival_ms for a in receiver.received()}
+    assert arrived["after-hung"] >= due + 300
+    assert arrived["after-hung"] < arrived["hung"] + receiver.hang_s * 1000  # still hanging
+    assert stored("hung")["status"] == "RUNNING"
