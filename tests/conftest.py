@@ -5,8 +5,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +29,17 @@ from tocsin.submit import new_item
 LOOPBACK_ALLOWED = {"WebhookAllowedHosts": "127.0.0.1"}
 
 
+def runtime_with(parameters: dict[str, str] | None = None, **options: Any) -> EmbeddedRuntime:
+    """An embedded runtime as the tests use it, its template parameters as given: the
+    receivers' loopback allowed, and no finder ticker (a test runs the finder itself)."""
+    return EmbeddedRuntime(
+        {**LOOPBACK_ALLOWED, **(parameters or {})}, finder_interval_s=None, **options
+    )
+
+
 @pytest.fixture
 def runtime() -> Iterator[EmbeddedRuntime]:
-    with EmbeddedRuntime(LOOPBACK_ALLOWED, finder_interval_s=None) as running:
+    with runtime_with() as running:
         yield running
 
 
@@ -85,25 +96,52 @@ def wait_for_status(task_id: str, statuses: set[str], timeout_s: float = 20) -> 
     raise AssertionError(f"{task_id} stayed {stored(task_id)['status']}, wanted {statuses}")
 
 
+def store_task(body: dict[str, Any], owner: str = "alice", submitted_ms: int | None = None) -> None:
+    """One PENDING task in the due index, not yet dispatched (as the finder finds it), as
+    submitted at `submitted_ms` (now by default; earlier for a due time now refused)."""
+    submitted = clock.now_ms() if submitted_ms is None else submitted_ms
+    TaskStore(settings().tasks_table).create(new_item(body, owner, submitted, settings()))
+
+
 def store_pending(
     receiver_url: str, count: int, due_in_ms: int, prefix: str, **changes: object
 ) -> list[str]:
-    """PENDING tasks in the due index, not yet dispatched (as the finder finds them)."""
+    """`count` webhook tasks stored PENDING, due 37 ms apart from `due_in_ms` from now."""
     now = clock.now_ms()
-    store = TaskStore(settings().tasks_table)
     ids = [f"{prefix}-{i}" for i in range(count)]
     for i, task_id in enumerate(ids):
-        body = webhook_task(receiver_url, now + due_in_ms + i * 37, task_id) | changes
-        store.create(new_item(body, "alice", now, settings()))
+        store_task(webhook_task(receiver_url, now + due_in_ms + i * 37, task_id) | changes)
     return ids
 
 
+def last_json(output: str) -> Any:
+    """The JSON a command prints last (`--json`: progress and tables may come before it)."""
+    return json.loads(output.strip().splitlines()[-1])
+
+
+@contextmanager
+def hooked(client: Any, *hooks: tuple[str, Callable[..., Any]]) -> Iterator[None]:
+    """Each `(event, handler)` on `client`'s botocore events meanwhile: how a test plays what
+    AWS or the network would do to a request (a refusal, a lost connection, a delay)."""
+    for event, handler in hooks:
+        client.meta.events.register(event, handler)
+    try:
+        yield
+    finally:
+        for event, handler in hooks:
+            client.meta.events.unregister(event, handler)
+
+
 def dead_letters(runtime) -> list[dict]:
-    """The DLQ's messages, once every execution has finished."""
+    """Every message on the DLQ, once every execution has finished (each is received, so
+    hidden for the queue's visibility timeout)."""
     assert runtime.wait_for_executions(10)
-    sqs = boto3.client("sqs")
-    reply = sqs.receive_message(QueueUrl=runtime.dead_letter_queue_url, MaxNumberOfMessages=10)
-    return [json.loads(m["Body"]) for m in reply.get("Messages", [])]
+    sqs, letters = boto3.client("sqs"), []
+    while batch := sqs.receive_message(
+        QueueUrl=runtime.dead_letter_queue_url, MaxNumberOfMessages=10
+    ).get("Messages", []):
+        letters += [json.loads(m["Body"]) for m in batch]
+    return letters
 
 
 def batch_event(task_id: str, execution: str = "arn:aws:states:::execution:m:one") -> dict:
@@ -114,6 +152,18 @@ def batch_event(task_id: str, execution: str = "arn:aws:states:::execution:m:one
         "task_type": "webhook",
         "tasks": [{"task_id": task_id, "version": 1, "due_ms": due_ms}],
     }
+
+
+@contextmanager
+def http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A local HTTP server with `handler` (a peer that behaves as a test needs); its URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def free_port() -> int:

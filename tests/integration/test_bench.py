@@ -9,6 +9,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
+from tests.conftest import last_json
 from tocsin.cli import main
 from tocsin.dispatch import Batch, DueTask, execution_input
 from tocsin.local import bench
@@ -17,16 +18,12 @@ from tocsin.model import TaskType
 from tocsin.settings import Settings
 
 
-def last_json(capsys) -> dict:
-    return json.loads(capsys.readouterr().out.splitlines()[-1])
-
-
 def test_spread_times_tocsin_and_the_baseline_on_the_same_plan(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(bench, "BASELINE_MAX", 4)  # a larger plan: the baseline samples it
     plot = tmp_path / "lateness.png"
     arguments = ["bench", "--scenarios", "spread", "--scale", "0.005", "--json", "--cost"]
     assert main([*arguments, "--plot", str(plot)]) == 0
-    spread = last_json(capsys)["spread"]
+    spread = last_json(capsys.readouterr().out)["spread"]
     assert (spread["submitted"], spread["fired"]) == (5, 5)
     assert spread["early"] == spread["duplicates"] == spread["lost"] == 0
     assert spread["baseline"]["fired"] == spread["baseline"]["submitted"] == 4
@@ -48,7 +45,7 @@ def test_spread_times_tocsin_and_the_baseline_on_the_same_plan(tmp_path, capsys,
 def test_finder_scenarios_start_exactly_the_due_tasks_before_their_wake(capsys):
     scenarios = "finder-scale,throttled"
     assert main(["bench", "--scenarios", scenarios, "--scale", "0.01", "--json"]) == 0
-    results = last_json(capsys)
+    results = last_json(capsys.readouterr().out)
     scale = results["finder-scale"]
     assert scale["started"] == scale["due"] == 10 and scale["stored"] == 1010
     assert scale["started_not_due"] == scale["due_not_started"] == 0
@@ -111,7 +108,7 @@ def test_bench_names_unknown_scenarios(capsys):
 
 def test_dense_packs_each_window_into_one_execution(capsys):
     assert main(["bench", "--scenarios", "dense", "--scale", "0.005", "--json"]) == 0
-    dense = last_json(capsys)["dense"]
+    dense = last_json(capsys.readouterr().out)["dense"]
     assert dense["submitted"] == dense["fired"] == 30
     assert dense["early"] == dense["duplicates"] == dense["lost"] == 0
     assert "baseline" not in dense
@@ -137,7 +134,7 @@ def test_cold_start_measures_every_function_beside_the_bare_handler(capsys):
 
 def test_aws_burst_dispatches_every_task_and_judges_the_plan_against_aws_quotas(capsys):
     assert main(["bench", "--scenarios", "aws-burst", "--scale", "0.02", "--json"]) == 0
-    burst = last_json(capsys)["aws-burst"]
+    burst = last_json(capsys.readouterr().out)["aws-burst"]
     assert burst["tasks"] == burst["finder_found"] == 1000 and burst["not_started"] == 0
     assert burst["batches"] == 2  # 500 a batch, one window
     assert burst["transitions"] == 4
@@ -147,7 +144,7 @@ def test_aws_burst_dispatches_every_task_and_judges_the_plan_against_aws_quotas(
 
 def test_recurring_fires_every_occurrence_of_every_schedule_once(capsys):
     assert main(["bench", "--scenarios", "recurring", "--scale", "0.05", "--json"]) == 0
-    recurring = last_json(capsys)["recurring"]
+    recurring = last_json(capsys.readouterr().out)["recurring"]
     assert recurring["schedules"] == 5
     # every 1 to 5 s from a random millisecond, for 12 s: about 12 + 6 + 4 + 3 + 3 each
     assert 25 <= recurring["submitted"] <= 30

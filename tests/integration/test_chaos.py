@@ -1,10 +1,9 @@
 """Every chaos scenario, on small batches, as a regression test: nothing duplicated, early,
 lost or missing from the dead-letter queue. (`tocsin chaos` runs them at full size.)"""
 
-import json
-
 import pytest
 
+from tests.conftest import last_json
 from tocsin.cli import main
 from tocsin.local.chaos import HOLES, SCENARIOS, run_scenario
 
@@ -32,7 +31,7 @@ def test_faults_that_cannot_pass_end_in_the_dead_letter_queue():
 
 def test_chaos_command_prints_one_json_object_last(capsys):
     code = main(["chaos", "--scenarios", "racing-finders", "--tasks", "6", "--json"])
-    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    result = last_json(capsys.readouterr().out)
     assert code == 0 and set(result) == {"racing-finders"}
     assert {k: result["racing-finders"][k] for k in ZERO} == ZERO
 

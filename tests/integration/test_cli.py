@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.conftest import last_json
+
 ROOT = Path(__file__).parents[2]
 
 
@@ -22,7 +24,7 @@ def tocsin(*args: str) -> subprocess.CompletedProcess:
 def test_demo_fires_every_task_once_and_never_early():
     run = tocsin("demo", "--tasks", "30", "--spread", "25", "--json", "--seed", "7")
     assert run.returncode == 0, run.stderr[-2000:]
-    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    summary = last_json(run.stdout)
     assert summary["submitted"] == summary["fired"] == 30
     assert summary["duplicates"] == summary["early"] == summary["lost"] == 0
     assert summary["via_finder"] > 0  # some went by the finder, some at submit

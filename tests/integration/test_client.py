@@ -5,16 +5,15 @@ import os
 import re
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
 
-from tests.conftest import wait_for_status, webhook_task
+from tests.conftest import http_server, last_json, wait_for_status, webhook_task
 from tocsin import Client, clock
 from tocsin.cli import main
 from tocsin.client import Conflict, InvalidRequest, NotFound
@@ -97,14 +96,8 @@ def test_without_a_principal_requests_are_signed_with_sigv4(monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
     monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+    with http_server(Recorder) as url:
         Client(url, region="eu-west-1").list(status="PENDING")
-    finally:
-        server.shutdown()
-        server.server_close()
     [headers] = seen
     assert re.match(
         r"AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/\d{8}/eu-west-1/execute-api/aws4_request, "
@@ -127,7 +120,7 @@ def test_cli_commands_print_for_people_and_for_scripts(api_url, capsys):
         capsys, "submit", *common, "--type", "sns", "--target", target, "--at", "+2h",
         "--id", "cli-1", "--payload", '{"n": 1}', "--json",
     )  # fmt: skip
-    task = json.loads(out.splitlines()[-1])
+    task = last_json(out)
     assert code == 0 and task["id"] == "cli-1" and task["status"] == "PENDING"
 
     code, out, _ = run_cli(capsys, "get", "cli-1", *common)
@@ -234,7 +227,7 @@ def test_client_and_cli_cover_every_schedule_endpoint(api_url, capsys):
         capsys, "schedule", "create", *common, "--id", "cli-s", "--expression",
         "rate(1 hour)", "--type", "sns", "--target", json.dumps(topic), "--json",
     )  # fmt: skip
-    assert code == 0 and json.loads(out.splitlines()[-1])["state"] == "ENABLED"
+    assert code == 0 and last_json(out)["state"] == "ENABLED"
     code, out, _ = run_cli(capsys, "schedule", "upcoming", "cli-s", *common, "--count", "2")
     first, second = (datetime.fromisoformat(line) for line in out.split())
     assert code == 0 and second - first == timedelta(hours=1)

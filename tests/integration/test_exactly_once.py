@@ -5,7 +5,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from unittest import mock
 
 import boto3
@@ -15,10 +15,13 @@ from botocore.exceptions import EndpointConnectionError
 from moto.core.botocore_stubber import MockRawResponse
 
 from tests.conftest import (
-    LOOPBACK_ALLOWED,
     batch_event,
     dead_letters,
+    hooked,
+    http_server,
+    runtime_with,
     store_pending,
+    store_task,
     stored,
     wait_for_status,
     webhook_task,
@@ -27,10 +30,8 @@ from tocsin import aws, clock
 from tocsin.executor import TableUnavailable
 from tocsin.index_keys import check_index_keys
 from tocsin.local.cost import transitions
-from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.settings import settings
 from tocsin.store import DUE_INDEX, TaskStore
-from tocsin.submit import new_item
 
 
 def test_two_finders_at_once_fire_each_task_once(runtime, receiver):
@@ -52,10 +53,9 @@ def test_two_finders_at_once_fire_each_task_once(runtime, receiver):
             held.append(threading.current_thread().name)
             both_read.wait()
 
-    client.meta.events.register("before-parameter-build.dynamodb.Query", count)
-    client.meta.events.register("after-call.dynamodb.Query", hold)
     reports = []
-    try:
+    hooks = ("before-parameter-build.dynamodb.Query", count), ("after-call.dynamodb.Query", hold)
+    with hooked(client, *hooks):
         threads = [
             threading.Thread(target=lambda: reports.append(runtime.run_finder()), name=f"finder{i}")
             for i in range(2)
@@ -64,9 +64,6 @@ def test_two_finders_at_once_fire_each_task_once(runtime, receiver):
             thread.start()
         for thread in threads:
             thread.join()
-    finally:
-        client.meta.events.unregister("before-parameter-build.dynamodb.Query", count)
-        client.meta.events.unregister("after-call.dynamodb.Query", hold)
 
     assert sorted(held) == ["finder0", "finder1"]  # each waited, its reads done, for the other
     assert [r["found"] for r in reports] == [len(ids), len(ids)]  # both saw every task: a race
@@ -77,17 +74,22 @@ def test_two_finders_at_once_fire_each_task_once(runtime, receiver):
     assert Counter(a.task_id for a in receiver.received()) == dict.fromkeys(ids, 1)
 
 
+def tables() -> object:
+    """The client the domain's table writes go through."""
+    return aws.resource("dynamodb").meta.client
+
+
+def _connection_lost(**_: object) -> None:
+    raise EndpointConnectionError(endpoint_url="https://dynamodb.us-east-1.amazonaws.com")
+
+
+MARKS_LOST = ("before-call.dynamodb.UpdateItem", _connection_lost)  # a finder dying after starts
+
+
 def test_finder_crash_between_start_and_mark_still_fires_once(runtime, receiver):
     ids = store_pending(receiver.url, 5, 8000, "crash")
-    table_client = aws.resource("dynamodb").meta.client
-
-    def connection_lost(**_: object) -> None:
-        raise EndpointConnectionError(endpoint_url="https://dynamodb.us-east-1.amazonaws.com")
-
-    table_client.meta.events.register("before-call.dynamodb.UpdateItem", connection_lost)
-    with pytest.raises(EndpointConnectionError):
+    with hooked(tables(), MARKS_LOST), pytest.raises(EndpointConnectionError):
         runtime.run_finder()  # started the executions, then died before marking
-    table_client.meta.events.unregister("before-call.dynamodb.UpdateItem", connection_lost)
     assert {stored(i)["status"] for i in ids} == {"PENDING"}
 
     started = {e.name for e in runtime.executions()}
@@ -105,19 +107,11 @@ def test_a_crashed_run_repacked_with_a_newcomer_still_fires_each_task_once(runti
     window arrives; the next run packs the six into a new batch (a new name: a second
     execution). Both executions claim the first five: the claim decides, each fires once."""
     ids = store_pending(receiver.url, 5, 8000, "repack")
-    table_client = aws.resource("dynamodb").meta.client
-
-    def connection_lost(**_: object) -> None:
-        raise EndpointConnectionError(endpoint_url="https://dynamodb.us-east-1.amazonaws.com")
-
-    table_client.meta.events.register("before-call.dynamodb.UpdateItem", connection_lost)
-    with pytest.raises(EndpointConnectionError):
+    with hooked(tables(), MARKS_LOST), pytest.raises(EndpointConnectionError):
         runtime.run_finder()
-    table_client.meta.events.unregister("before-call.dynamodb.UpdateItem", connection_lost)
     first = {e.name for e in runtime.executions()}
     due_ms = int(stored(ids[0])["due_ms"])
-    body, now = webhook_task(receiver.url, due_ms, "repack-new"), clock.now_ms()
-    TaskStore(settings().tasks_table).create(new_item(body, "alice", now, settings()))
+    store_task(webhook_task(receiver.url, due_ms, "repack-new"))
 
     second = runtime.run_finder()
     assert second["found"] == len(ids) + 1 and second["backlog"] == 0
@@ -247,13 +241,10 @@ def test_a_brownout_that_spends_botocores_retry_quota_still_claims_and_marks_the
         error = b'{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError"}'
         return AWSResponse(request.url, 500, {}, MockRawResponse(error))
 
-    client.meta.events.register("before-send.dynamodb.UpdateItem", refuse_twice)
     caplog.set_level(logging.DEBUG, logger="botocore.retries.standard")
-    try:
+    with hooked(client, ("before-send.dynamodb.UpdateItem", refuse_twice)):
         event = {**batch_event(ids[0]), "tasks": [batch_event(i)["tasks"][0] for i in ids]}
         result = runtime.invoke("WebhookExecutorFunction", event)
-    finally:
-        client.meta.events.unregister("before-send.dynamodb.UpdateItem", refuse_twice)
     assert "retry quota reached" in caplog.text  # botocore gave writes up at a refusal
     assert len(refused) == 80 and set(refused.values()) == {2}  # each claim and mark
     assert result == {"tasks": 40, "claimed": 40, "fired": 40}
@@ -276,12 +267,9 @@ def test_an_idempotency_store_failure_neither_fails_nor_repeats_the_delivery(
             failures.append(write)
             raise EndpointConnectionError(endpoint_url="https://dynamodb.us-east-1.amazonaws.com")
 
-    client.meta.events.register(f"before-parameter-build.dynamodb.{write}", fail_once)
-    try:
+    with hooked(client, (f"before-parameter-build.dynamodb.{write}", fail_once)):
         runtime.run_finder()
         item = wait_for_status(ids[0], {"SUCCEEDED", "FAILED"})
-    finally:
-        client.meta.events.unregister(f"before-parameter-build.dynamodb.{write}", fail_once)
     assert failures == [write]
     assert item["status"] == "SUCCEEDED"
     assert [a.task_id for a in receiver.received()] == ids
@@ -290,18 +278,10 @@ def test_an_idempotency_store_failure_neither_fails_nor_repeats_the_delivery(
 def test_a_dense_window_fires_from_one_execution_each_task_at_its_millisecond(runtime, receiver):
     """Thirty tasks due within one second: one execution, two states, thirty gates."""
     window = (clock.now_ms() // 1000 + 9) * 1000  # a second boundary, past the local lead
-    store = TaskStore(settings().tasks_table)
     ids = [f"dense-{i}" for i in range(30)]
     due = {task_id: window + 33 * i for i, task_id in enumerate(ids)}
     for task_id in ids:
-        store.create(
-            new_item(
-                webhook_task(receiver.url, due[task_id], task_id),
-                "alice",
-                clock.now_ms(),
-                settings(),
-            )
-        )
+        store_task(webhook_task(receiver.url, due[task_id], task_id))
     report = runtime.run_finder()
     assert (report["started"], report["executions"]) == (30, 1)
     for task_id in ids:
@@ -339,7 +319,7 @@ def test_crowded_seconds_wake_staggered_and_still_fire_once_on_time(receiver):
     """Forty tasks due within 1.5 s in batches of two: the finder spreads the batches' wakes
     over the seconds before (the local runtime wakes at most 15 a second), so only the
     gates meet at due."""
-    with EmbeddedRuntime({"BatchSize": "2", **LOOPBACK_ALLOWED}, None) as runtime:
+    with runtime_with({"BatchSize": "2"}) as runtime:
         ids = store_pending(receiver.url, 40, 16_000, "crowd")  # 37 ms apart: within 1.5 s
         runtime.run_finder()
         sfn = boto3.client("stepfunctions")
@@ -377,10 +357,8 @@ def test_a_retry_that_meets_a_send_in_progress_waits_for_it_and_does_not_send_ag
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        [task_id] = store_pending(f"http://127.0.0.1:{server.server_address[1]}", 1, -500, "slow")
+    with http_server(Slow) as url:
+        [task_id] = store_pending(url, 1, -500, "slow")
         event = batch_event(task_id)
         results = []
         first = threading.Thread(
@@ -393,9 +371,6 @@ def test_a_retry_that_meets_a_send_in_progress_waits_for_it_and_does_not_send_ag
         second = runtime.invoke("WebhookExecutorFunction", event)
         waited_ms = clock.now_ms() - hits[0]
         first.join()
-    finally:
-        server.shutdown()
-        server.server_close()
     assert len(hits) == 1 and waited_ms >= 2000
     assert results == [second] == [{"tasks": 1, "claimed": 1, "fired": 1}]
     assert stored(task_id)["status"] == "SUCCEEDED"

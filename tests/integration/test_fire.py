@@ -1,20 +1,25 @@
 """A task fires once, never early, by the path its due time calls for."""
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import boto3
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from tests.conftest import LOOPBACK_ALLOWED, stored, wait_for_status, webhook_task
+from tests.conftest import (
+    http_server,
+    runtime_with,
+    store_task,
+    stored,
+    wait_for_status,
+    webhook_task,
+)
 from tocsin import clock
 from tocsin.errors import Conflict
 from tocsin.settings import settings
-from tocsin.store import TaskStore
-from tocsin.submit import new_item, submit_task
+from tocsin.submit import submit_task
 
 
 def test_webhook_fires_once_at_due_time_with_payload_and_signature(runtime, receiver):
@@ -45,10 +50,7 @@ def test_task_due_inside_look_ahead_is_started_at_submit(runtime, receiver):
 
 
 def test_task_due_beyond_look_ahead_is_started_by_the_finder(receiver):
-    from tocsin.local.runtime import EmbeddedRuntime
-
-    parameters = {"LookAheadSeconds": "5", **LOOPBACK_ALLOWED}
-    with EmbeddedRuntime(parameters, finder_interval_s=None) as rt:
+    with runtime_with({"LookAheadSeconds": "5"}) as rt:
         due = clock.now_ms() + 7000
         submitted = submit_task(webhook_task(receiver.url, due, "later"), owner="alice")
         assert submitted.task["status"] == "PENDING"
@@ -62,9 +64,7 @@ def test_task_due_beyond_look_ahead_is_started_by_the_finder(receiver):
 
 def test_overdue_task_missed_by_the_finder_fires_at_once(runtime, receiver):
     due = clock.now_ms() - 30_000  # PENDING in the index, as if earlier finder runs failed
-    TaskStore(settings().tasks_table).create(
-        new_item(webhook_task(receiver.url, due, "overdue"), "alice", due - 1000, settings())
-    )
+    store_task(webhook_task(receiver.url, due, "overdue"), submitted_ms=due - 1000)
     assert runtime.run_finder()["started"] == 1
     item = wait_for_status("overdue", {"SUCCEEDED"})
     assert len(receiver.received()) == 1
@@ -114,15 +114,10 @@ def test_a_webhook_redirect_is_not_followed(runtime):
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Redirector)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/hook"
-        submit_task(webhook_task(url, clock.now_ms() + 1000, "redirected"), owner="alice")
+    with http_server(Redirector) as url:
+        hook = f"{url}/hook"
+        submit_task(webhook_task(hook, clock.now_ms() + 1000, "redirected"), owner="alice")
         item = wait_for_status("redirected", {"FAILED"})
-    finally:
-        server.shutdown()
-        server.server_close()
     assert hits == ["/hook"]
     assert "307" in json.loads(item["error"])["Cause"]
 
@@ -155,10 +150,8 @@ def test_a_hanging_target_holds_up_no_other_task_of_its_batch(runtime, receiver)
     its own millisecond, while the first one's request is still unanswered."""
     receiver.hang_s = 4.0
     due = (clock.now_ms() // 1000 + 8) * 1000  # one window, past the local lead
-    store = TaskStore(settings().tasks_table)
     for task_id, offset, path in (("hung", 0, "/hang"), ("after-hung", 300, "/ok")):
-        body = webhook_task(f"{receiver.url}{path}", due + offset, task_id)
-        store.create(new_item(body, "alice", clock.now_ms(), settings()))
+        store_task(webhook_task(f"{receiver.url}{path}", due + offset, task_id))
     receiver.script_for["/hang"] = ["hang"]
     assert runtime.run_finder()["executions"] == 1
     wait_for_status("after-hung", {"SUCCEEDED"})

@@ -11,7 +11,14 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.conftest import batch_event, dead_letters, store_pending, stored, wait_for_status
+from tests.conftest import (
+    batch_event,
+    dead_letters,
+    hooked,
+    store_pending,
+    stored,
+    wait_for_status,
+)
 from tocsin import aws, clock
 from tocsin.index_keys import LETTER_GRACE_MS, SETTLE_AFTER_MS, check_index_keys
 from tocsin.reconcile import CHECK_AGAIN_MS, MAX_REQUEUES, reconcile
@@ -57,12 +64,9 @@ def test_a_task_sent_by_an_execution_that_died_before_its_mark_is_not_sent_again
         if ":status" in params.get("ExpressionAttributeValues", {}):  # the final mark
             raise ClientError({"Error": {"Code": "AccessDeniedException"}}, "UpdateItem")
 
-    client.meta.events.register("before-parameter-build.dynamodb.UpdateItem", table_gone)
-    try:
-        with pytest.raises(ClientError):
-            runtime.invoke("WebhookExecutorFunction", batch_event(task_id, GONE))
-    finally:
-        client.meta.events.unregister("before-parameter-build.dynamodb.UpdateItem", table_gone)
+    gone = ("before-parameter-build.dynamodb.UpdateItem", table_gone)
+    with hooked(client, gone), pytest.raises(ClientError):
+        runtime.invoke("WebhookExecutorFunction", batch_event(task_id, GONE))
     [first] = receiver.received()
     assert stored(task_id)["status"] == "RUNNING"
     died_ms = clock.now_ms()
@@ -118,12 +122,8 @@ def sqs_outage() -> Iterator[list[str]]:
         refused.append(params["MessageBody"])
         raise ClientError({"Error": {"Code": "ServiceUnavailable"}}, "SendMessage")
 
-    events = aws.client("sqs").meta.events
-    events.register("before-parameter-build.sqs.SendMessage", refuse)
-    try:
+    with hooked(aws.client("sqs"), ("before-parameter-build.sqs.SendMessage", refuse)):
         yield refused
-    finally:
-        events.unregister("before-parameter-build.sqs.SendMessage", refuse)
 
 
 def test_dead_letters_sqs_refused_are_owed_and_sent_once_by_the_reconciler(runtime, receiver):
@@ -174,12 +174,9 @@ def described(refuse: str | None = None) -> Iterator[list[str]]:
         if params["executionArn"] == refuse:
             raise ClientError({"Error": {"Code": "ThrottlingException"}}, "DescribeExecution")
 
-    events = aws.client("stepfunctions").meta.events
-    events.register("before-parameter-build.sfn.DescribeExecution", describe)
-    try:
+    hook = ("before-parameter-build.sfn.DescribeExecution", describe)
+    with hooked(aws.client("stepfunctions"), hook):
         yield asked
-    finally:
-        events.unregister("before-parameter-build.sfn.DescribeExecution", describe)
 
 
 def test_a_dead_batch_is_described_once_and_a_refused_look_leaves_only_its_tasks(runtime, receiver):
@@ -228,12 +225,9 @@ def test_a_reconciler_out_of_time_or_refused_its_reads_leaves_the_run_to_dispatc
                 {"Error": {"Code": "ProvisionedThroughputExceededException"}}, "Query"
             )
 
-    events = aws.resource("dynamodb").meta.client.meta.events
-    events.register("before-parameter-build.dynamodb.Query", refuse_check_shards)
-    try:
+    client = aws.resource("dynamodb").meta.client
+    with hooked(client, ("before-parameter-build.dynamodb.Query", refuse_check_shards)):
         report = runtime.run_finder()
-    finally:
-        events.unregister("before-parameter-build.dynamodb.Query", refuse_check_shards)
     assert (report["started"], report["reconcile_cut_short"], report["stuck"]) == (1, 1, 0)
     assert stored(due)["status"] == "SCHEDULED" and stored(stuck)["status"] == "RUNNING"
 

@@ -5,7 +5,7 @@ from unittest import mock
 
 import boto3
 
-from tests.conftest import stored, wait_for_status, webhook_task
+from tests.conftest import store_task, stored, wait_for_status, webhook_task
 from tocsin import clock
 from tocsin.cli import main
 from tocsin.executor import TableUnavailable
@@ -14,8 +14,7 @@ from tocsin.local.runtime import STACK_NAME
 from tocsin.reconcile import reconcile
 from tocsin.redrive import COPY, FAILED_AGAIN, IN_FLIGHT, redrive
 from tocsin.settings import settings
-from tocsin.store import TaskStore
-from tocsin.submit import new_item, submit_task
+from tocsin.submit import submit_task
 
 
 def failed_task(runtime, receiver, task_id: str) -> None:
@@ -95,10 +94,8 @@ def test_a_batch_whose_invocation_fails_for_good_is_dead_lettered_and_settled(ru
     the next redrive finds nothing left to do and deletes the letter."""
     ids = [f"dropped-{i}" for i in range(2)]
     due = clock.now_ms() + 6000
-    store = TaskStore(settings().tasks_table)
     for task_id in ids:  # PENDING, for the finder to pack into one batch
-        body = webhook_task(receiver.url, due, task_id)
-        store.create(new_item(body, "alice", clock.now_ms(), settings()))
+        store_task(webhook_task(receiver.url, due, task_id))
     invoke = runtime.invoke
 
     def unavailable(logical_id: str, event: dict) -> object:

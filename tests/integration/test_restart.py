@@ -7,8 +7,8 @@ import boto3
 import pytest
 
 from tests.conftest import (
-    LOOPBACK_ALLOWED,
     free_port,
+    runtime_with,
     serve,
     stop,
     stored,
@@ -17,12 +17,12 @@ from tests.conftest import (
 )
 from tocsin import Client, clock
 from tocsin.cli import main
-from tocsin.local.runtime import LOCAL_PARAMETERS, EmbeddedRuntime
+from tocsin.local.runtime import LOCAL_PARAMETERS
 from tocsin.settings import settings
 from tocsin.submit import submit_task
 
 LEAD_MS = int(LOCAL_PARAMETERS["LeadMilliseconds"])
-LOOK_AHEAD = {"LookAheadSeconds": str((LEAD_MS + 9000) // 1000), **LOOPBACK_ALLOWED}
+LOOK_AHEAD = {"LookAheadSeconds": str((LEAD_MS + 9000) // 1000)}
 
 
 def secret() -> str:
@@ -34,7 +34,7 @@ def test_a_restart_fires_every_task_once_whatever_state_it_was_in(tmp_path, rece
     state_file = tmp_path / "state.json"
     # at the stop, 4.6 s in: fired; in its gate; waking later; beyond the look-ahead
     due = {"done": 2500, "running": 6000, "waiting": LEAD_MS + 7000, "later": LEAD_MS + 11_000}
-    with EmbeddedRuntime(LOOK_AHEAD, finder_interval_s=None, state_file=state_file):
+    with runtime_with(LOOK_AHEAD, state_file=state_file):
         start = clock.now_ms()
         for task_id, offset in due.items():
             submit_task(webhook_task(receiver.url, start + offset, task_id), owner="alice")
@@ -50,7 +50,7 @@ def test_a_restart_fires_every_task_once_whatever_state_it_was_in(tmp_path, rece
         "later": "PENDING",
     }
 
-    with EmbeddedRuntime(LOOK_AHEAD, finder_interval_s=None, state_file=state_file) as again:
+    with runtime_with(LOOK_AHEAD, state_file=state_file) as again:
         assert again.requeued == ["waiting"]
         assert secret() == signing_secret
         assert again.run_finder()["started"] == 2
@@ -67,9 +67,9 @@ def test_a_restart_fires_every_task_once_whatever_state_it_was_in(tmp_path, rece
 
 
 def test_without_a_state_file_nothing_is_kept(tmp_path, receiver):
-    with EmbeddedRuntime(LOOK_AHEAD, finder_interval_s=None):
+    with runtime_with(LOOK_AHEAD):
         submit_task(webhook_task(receiver.url, clock.now_ms() + 60_000, "gone"), owner="alice")
-    with EmbeddedRuntime(LOOK_AHEAD, finder_interval_s=None, state_file=tmp_path / "s.json"):
+    with runtime_with(LOOK_AHEAD, state_file=tmp_path / "s.json"):
         table = boto3.resource("dynamodb").Table(settings().tasks_table)
         assert table.scan()["Items"] == []
 

@@ -10,12 +10,10 @@ from pathlib import Path
 import boto3
 import pytest
 
-from tests.conftest import stored, wait_for_status
+from tests.conftest import store_task, stored, wait_for_status
 from tocsin import clock
 from tocsin.local.runtime import ACCOUNT_ID, REGION
-from tocsin.settings import settings
-from tocsin.store import TaskStore
-from tocsin.submit import new_item, submit_task
+from tocsin.submit import submit_task
 
 EVENTS = Path(__file__).parents[2] / "events"
 
@@ -50,9 +48,7 @@ def store_sample_task(task_type: str, target: dict, payload=SAMPLE_PAYLOAD) -> d
         "target": target,
         "payload": payload,
     }
-    config = settings()
-    # submitted back then: a due_at that old is refused now
-    TaskStore(config.tasks_table).create(new_item(body, "sample", named["due_ms"], config))
+    store_task(body, "sample", submitted_ms=named["due_ms"])  # a due_at that old is refused now
     return named
 
 

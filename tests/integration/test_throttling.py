@@ -7,11 +7,8 @@ import pytest
 from moto.core.exceptions import JsonRESTError
 from moto.stepfunctions.parser.models import StepFunctionsParserBackend
 
-from tests.conftest import stored, webhook_task
+from tests.conftest import store_task, stored, webhook_task
 from tocsin import clock
-from tocsin.settings import settings
-from tocsin.store import TaskStore
-from tocsin.submit import new_item
 
 
 def throttle(monkeypatch: pytest.MonkeyPatch, times: int) -> list[int]:
@@ -30,9 +27,7 @@ def throttle(monkeypatch: pytest.MonkeyPatch, times: int) -> list[int]:
 
 
 def pending_task(task_id: str, receiver_url: str) -> None:
-    now = clock.now_ms()
-    body = webhook_task(receiver_url, now + 15_000, task_id)
-    TaskStore(settings().tasks_table).create(new_item(body, "alice", now, settings()))
+    store_task(webhook_task(receiver_url, clock.now_ms() + 15_000, task_id))
 
 
 def test_throttled_starts_are_retried_with_backoff(runtime, receiver, monkeypatch):
