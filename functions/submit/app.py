@@ -2,10 +2,9 @@
 
 from typing import Any
 
-from aws_lambda_powertools.utilities.batch import process_partial_response
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from tocsin.inbox import processor, submit_record
+from tocsin.inbox import submit_batch
 from tocsin.observability import logger, metrics
 from tocsin.tracing import tracer
 
@@ -14,4 +13,4 @@ from tocsin.tracing import tracer
 @tracer.capture_lambda_handler(capture_response=False)
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    return process_partial_response(event, submit_record, processor, context)
+    return submit_batch(event, context)

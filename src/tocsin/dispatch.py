@@ -300,6 +300,12 @@ def due_task(item: dict[str, Any]) -> DueTask:
     )
 
 
+def due_soon(item: dict[str, Any], settings: Settings) -> bool:
+    """Whether a just-written PENDING task is due before the finder's next run would see it
+    (within its look-ahead): then its writer starts it."""
+    return due_task(item).due_ms <= clock.now_ms() + settings.lookahead_s * 1000
+
+
 def dispatch_if_due_soon(
     item: dict[str, Any], settings: Settings, store: TaskStore
 ) -> dict[str, Any]:
@@ -309,7 +315,7 @@ def dispatch_if_due_soon(
     than that is started here, by the request that wrote it, as a batch of its own.
     """
     task = due_task(item)
-    if task.due_ms > clock.now_ms() + settings.lookahead_s * 1000:
+    if not due_soon(item, settings):
         return item
     _, arn = start(Batch((task,)), settings)
     if arn is None:

@@ -5,17 +5,28 @@ detail-type `tocsin.submit` whose `detail` is one. A `delay` counts from when th
 was sent (or the event's time). A message Tocsin refuses goes to the submit dead-letter
 queue with its error, so the rest of its batch is scheduled; a failure that may pass
 (throttling, an outage) is reported to Lambda, which delivers the message again.
+
+The tasks of a batch that are due within the look-ahead are started together once the
+batch is stored, packed as the finder packs (one execution per type and window), not one
+execution each: an event-driven producer's burst then costs what the finder's would. A
+start that fails leaves its tasks PENDING, for the finder.
 """
 
 import json
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType
+from aws_lambda_powertools.utilities.batch import (
+    BatchProcessor,
+    EventType,
+    process_partial_response,
+)
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 
 from tocsin import aws, clock
+from tocsin.dispatch import dispatch_all, due_soon, due_task
 from tocsin.errors import InvalidTask, TaskError
 from tocsin.model import owner_id
 from tocsin.observability import logger
@@ -67,11 +78,30 @@ def _reject(record: SQSRecord, error: TaskError) -> None:
     logger.warning("submission refused", message_id=record.message_id, field=error.field)
 
 
-def submit_record(record: SQSRecord) -> None:
-    try:
-        message = envelope(record)
-        submitted = submit_task(message.body, message.owner, settings(), base_ms=message.sent_ms)
-    except TaskError as error:
-        _reject(record, error)
-        return
-    logger.info("submitted", task_id=submitted.task["id"], new=submitted.created)
+DISPATCH_MARGIN_S = 5  # of the invocation's time, kept back from starting the batch's tasks
+
+
+def submit_batch(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    """Store every message's task (Lambda's partial batch reply for those that may pass
+    later), then start the ones due within the look-ahead, packed."""
+    config, stored_due = settings(), []
+
+    def submit_record(record: SQSRecord) -> None:
+        try:
+            message = envelope(record)
+            submitted = submit_task(
+                message.body, message.owner, config, base_ms=message.sent_ms, dispatch=False
+            )
+        except TaskError as error:
+            _reject(record, error)
+            return
+        logger.info("submitted", task_id=submitted.task["id"], new=submitted.created)
+        if submitted.item is not None and due_soon(submitted.item, config):
+            stored_due.append(due_task(submitted.item))
+
+    reply = process_partial_response(event, submit_record, processor, context)
+    if stored_due:
+        left_s = context.get_remaining_time_in_millis() / 1000 - DISPATCH_MARGIN_S
+        report = dispatch_all(stored_due, config, time.monotonic() + max(1.0, left_s))
+        logger.info("dispatched", **report.as_dict())
+    return reply

@@ -101,6 +101,7 @@ class Submission(Timing):
 class Submitted:
     task: dict[str, Any]
     created: bool
+    item: dict[str, Any] | None = None  # the stored item, when this submission created it
 
 
 def invalid(
@@ -191,9 +192,14 @@ def new_item(
 
 
 def submit_task(
-    body: Any, owner: str, config: Settings | None = None, base_ms: int | None = None
+    body: Any,
+    owner: str,
+    config: Settings | None = None,
+    base_ms: int | None = None,
+    dispatch: bool = True,
 ) -> Submitted:
-    """Store a new task (or return the identical one already stored) and dispatch if due soon."""
+    """Store a new task (or return the identical one already stored) and dispatch it if due
+    soon (unless `dispatch` is False: its caller dispatches a batch of them together)."""
     config = config or settings()
     item = new_item(body, owner, clock.now_ms(), config, base_ms)
     store = TaskStore(config.tasks_table)
@@ -202,5 +208,6 @@ def submit_task(
         if existing.get("body_hash") != item["body_hash"]:
             raise Conflict(f"id: task {item['task_id']!r} exists with another body", "id")
         return Submitted(task_view(existing), created=False)
-    item = dispatch_if_due_soon(item, config, store)
-    return Submitted(task_view(item), created=True)
+    if dispatch:
+        item = dispatch_if_due_soon(item, config, store)
+    return Submitted(task_view(item), created=True, item=item)

@@ -6,7 +6,7 @@ from pathlib import Path
 import boto3
 from botocore.exceptions import EndpointConnectionError
 
-from tests.conftest import stored
+from tests.conftest import hooked, stored, wait_for_status, webhook_task
 from tocsin import aws, clock
 from tocsin.local.runtime import ACCOUNT_ID
 from tocsin.local.server import api_event
@@ -83,6 +83,24 @@ def test_messages_sent_to_the_queue_are_scheduled(runtime):
     assert message["MessageAttributes"]["error_field"]["StringValue"] == "body"
 
 
+def test_a_queued_batch_due_soon_starts_packed_and_fires_each_task_once(runtime, receiver):
+    """Six messages of one batch, due within the look-ahead in one second: stored, then
+    started together as one execution (the finder's packing), not one each."""
+    due = (clock.now_ms() // 1000 + 8) * 1000
+    sqs = boto3.client("sqs")
+    for i in range(6):
+        body = webhook_task(receiver.url, due + 100 * i, f"packed-{i}")
+        sqs.send_message(QueueUrl=runtime.outputs["SubmitQueueUrl"], MessageBody=json.dumps(body))
+    assert runtime.poll_queues() == 6
+    ids = [f"packed-{i}" for i in range(6)]
+    assert {stored(task_id)["status"] for task_id in ids} == {"SCHEDULED"}
+    [execution] = runtime.executions()
+    assert {stored(task_id)["execution_arn"] for task_id in ids} == {execution.execution_arn}
+    for task_id in ids:
+        wait_for_status(task_id, {"SUCCEEDED"})
+    assert sorted(a.task_id for a in receiver.received()) == ids
+
+
 def test_queue_and_events_refuse_a_numeric_or_long_past_due_at_and_park_it(runtime):
     bad = {
         "epoch-number": submission("epoch-number", delay=None, due_at=1_800_000_000),
@@ -147,11 +165,8 @@ def test_a_failure_that_may_pass_is_reported_and_the_message_comes_back(runtime)
             failures.append(params["Item"]["task_id"])
             raise EndpointConnectionError(endpoint_url="https://dynamodb")
 
-    client.meta.events.register("before-parameter-build.dynamodb.PutItem", outage)
-    try:
+    with hooked(client, ("before-parameter-build.dynamodb.PutItem", outage)):
         assert runtime.poll_queues() == 3
-    finally:
-        client.meta.events.unregister("before-parameter-build.dynamodb.PutItem", outage)
     assert failures == ["b-1"]
     assert {stored(f"b-{i}")["status"] for i in (0, 2)} == {"PENDING"}
     while runtime.poll_queues():  # b-1 is visible again and goes through
@@ -176,11 +191,8 @@ def test_a_mixed_batch_reports_exactly_the_message_that_may_pass_later(runtime):
         if params["Item"]["task_id"] == "mixed-outage":
             raise EndpointConnectionError(endpoint_url="https://dynamodb")
 
-    client.meta.events.register("before-parameter-build.dynamodb.PutItem", outage)
-    try:
+    with hooked(client, ("before-parameter-build.dynamodb.PutItem", outage)):
         reply = runtime.invoke("SubmitFunction", {"Records": records})
-    finally:
-        client.meta.events.unregister("before-parameter-build.dynamodb.PutItem", outage)
     assert reply == {"batchItemFailures": [{"itemIdentifier": "m-outage"}]}
     assert stored("mixed-good")["owner"] == template["attributes"]["SenderId"]  # scheduled
     [message] = parked(runtime)
