@@ -10,9 +10,10 @@ only its own task.
 
 Only what concerns the whole batch fails the invocation, for the state machine to retry:
 a claim or mark that could not be written in the time the invocation has
-(`TableUnavailable`), or a task another invocation is still delivering
-(`DeliveryInProgress`). A retry re-claims what this execution holds; what was sent is
-not sent again (the idempotency record answers).
+(`TableUnavailable`), a task another invocation is still delivering
+(`DeliveryInProgress`), or a task never tried for want of time (`NoTimeToSend`). A retry
+re-claims what this execution holds; what was sent is not sent again (the idempotency
+record answers).
 """
 
 import json
@@ -76,6 +77,11 @@ class TableUnavailable(Exception):
 
 class DeliveryInProgress(Exception):
     """Another invocation is delivering a task of this batch: retry after it has ended."""
+
+
+class NoTimeToSend(Exception):
+    """A task of the batch was never tried and this invocation has no time left for one
+    attempt (a failed init took its time, say): a fresh invocation tries it."""
 
 
 class BatchTask(BaseModel):
@@ -168,13 +174,18 @@ def fire(task: ClaimedTask, deadline_ms: int) -> Fired | Failed:
         if max(clock.now_ms(), task.due_ms) + limit_ms > deadline_ms:  # it begins at the gate
             if another_sending:  # not ours to fail: retry the batch once that one ended
                 raise DeliveryInProgress(task.task_id)
-            cause = f"out of time for an attempt after {attempts}"
+            if not attempts:  # never tried: a fresh invocation will have the time
+                raise NoTimeToSend(task.task_id)
+            cause = f"out of time after {attempts} attempts"
             return Failed("PermanentTargetError", cause, attempts)
         attempts += 1
         try:
             if not prepared:
                 task.target.prepare()
                 prepared = True
+                if max(clock.now_ms(), task.due_ms) + limit_ms > deadline_ms:
+                    attempts -= 1  # preparing took the time an attempt needed
+                    continue
             done = _deliver_once(task)
             return Fired(done["fired_ms"], done["result"], attempts)
         except IdempotencyAlreadyInProgressError:
