@@ -35,7 +35,8 @@ def _cached(service: str, kind: str, retry_mode: str, max_attempts: int) -> Any:
         retries={"mode": retry_mode, "max_attempts": max_attempts},
         max_pool_connections=64,
         connect_timeout=CONNECT_TIMEOUT_S,
-        read_timeout=_read_timeout_s(),
+        # A target's clients keep AWS's bound: an attempt's limit is computed from it.
+        read_timeout=READ_TIMEOUT_S if kind == "target" else _read_timeout_s(),
     )
     factory = boto3.resource if kind == "resource" else boto3.client
     made = factory(service, config=config)
@@ -55,7 +56,8 @@ def client(service: str, retry_mode: str = "standard", max_attempts: int = 5) ->
 def target_client(service: str) -> Any:
     """A client for sending to a target: one retry, so one attempt stays within
     TARGET_ATTEMPT_LIMIT_S."""
-    return client(service, max_attempts=TARGET_RETRIES)
+    with _lock:
+        return _cached(service, "target", "standard", TARGET_RETRIES)
 
 
 def resource(service: str) -> Any:

@@ -38,7 +38,8 @@ class Settings(BaseModel):
     submit_dead_letter_queue_url: str = Field("", alias="SUBMIT_DEAD_LETTER_QUEUE_URL")
     webhook_secret_arn: str = Field("", alias="WEBHOOK_SECRET_ARN")
     webhook_allowed_hosts: frozenset[str] = Field(frozenset(), alias="WEBHOOK_ALLOWED_HOSTS")
-    webhook_timeout_s: float = Field(10, alias="WEBHOOK_TIMEOUT_SECONDS", gt=0)
+    # At most 20 s: a webhook attempt must fit an executor's time after its last gate.
+    webhook_timeout_s: float = Field(10, alias="WEBHOOK_TIMEOUT_SECONDS", gt=0, le=20)
 
     @property
     def claims_per_second(self) -> int:

@@ -183,10 +183,17 @@ class WebhookTarget(Target):
         if parts.query:
             path = f"{path}?{parts.query}"
         try:
-            with pool:
+            with pool:  # the body is not read: a receiver that trickles it holds no attempt
                 response = pool.urlopen(
-                    "POST", path, body=body, headers=headers, retries=retries, redirect=False
+                    "POST",
+                    path,
+                    body=body,
+                    headers=headers,
+                    retries=retries,
+                    redirect=False,
+                    preload_content=False,
                 )
+                response.close()
         except urllib3.exceptions.HTTPError as error:
             reason = getattr(error, "reason", error)
             # A certificate that does not verify will not verify on a retry either.
