@@ -9,11 +9,8 @@ what is due, never the whole table; overdue tasks are found too, so none is stra
 import heapq
 import time
 
-from botocore.exceptions import BotoCoreError, ClientError
-
 from tocsin import clock
 from tocsin.dispatch import DueTask, dispatch_all, due_task
-from tocsin.observability import logger
 from tocsin.occurrences import materialize_due
 from tocsin.reconcile import ReconcileReport, reconcile
 from tocsin.settings import Settings
@@ -36,13 +33,9 @@ RECONCILE_SHARE = 0.25
 
 
 def settle_stuck(settings: Settings, budget_s: float) -> ReconcileReport:
-    """The reconciler's step, within its share of the run: a fault that stops it (a
-    refused read of a check shard) is logged and reported, and the run goes on."""
-    try:
-        return reconcile(settings, clock.now_ms(), time.monotonic() + budget_s * RECONCILE_SHARE)
-    except (BotoCoreError, ClientError) as fault:
-        logger.warning("reconciler stopped", fault=repr(fault))
-        return ReconcileReport(cut_short=True)
+    """The reconciler's step, within its share of the run (a fault that stops it, such as a
+    refused read of a check shard, ends its step, not the run)."""
+    return reconcile(settings, clock.now_ms(), time.monotonic() + budget_s * RECONCILE_SHARE)
 
 
 def run_finder(settings: Settings, budget_s: float) -> dict[str, int]:

@@ -96,23 +96,33 @@ class Letters:
 
 class Executions:
     """Whether executions still run, each described once a run: a dead batch leaves up to
-    BatchSize tasks stuck, all naming the same execution."""
+    BatchSize tasks stuck, all naming the same execution. A refused look is kept too, and
+    raised again for the execution's other tasks, each then left for the next run."""
 
     def __init__(self) -> None:
-        self._running: dict[str, bool] = {}
+        self._running: dict[str, bool | Exception] = {}
 
     def running(self, execution_arn: str | None) -> bool:
         """Whether the execution still runs; one that is gone (or never was) does not."""
         if not execution_arn:
             return False
         if execution_arn not in self._running:
-            sfn = aws.client("stepfunctions")
-            try:
-                status = sfn.describe_execution(executionArn=execution_arn)["status"]
-            except sfn.exceptions.ExecutionDoesNotExist:
-                status = "GONE"
-            self._running[execution_arn] = status == "RUNNING"
-        return self._running[execution_arn]
+            self._running[execution_arn] = _described(execution_arn)
+        answer = self._running[execution_arn]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def _described(execution_arn: str) -> bool | Exception:
+    """Whether DescribeExecution says the execution runs, or the fault it met."""
+    sfn = aws.client("stepfunctions")
+    try:
+        return bool(sfn.describe_execution(executionArn=execution_arn)["status"] == "RUNNING")
+    except sfn.exceptions.ExecutionDoesNotExist:
+        return False
+    except (BotoCoreError, ClientError) as fault:
+        return fault
 
 
 @dataclass
@@ -174,23 +184,38 @@ def reconcile(config: Settings, until_ms: int, deadline: float | None = None) ->
     the dead letters owed by then; until `deadline` (a time.monotonic() value), if given."""
     store, now_ms, report = TaskStore(config.tasks_table), clock.now_ms(), ReconcileReport()
     run = RunState()
-    for entry in _due_for_a_look(store, config, until_ms):
-        if deadline is not None and time.monotonic() >= deadline:
-            report.cut_short = True
-            logger.warning("reconciler out of time: the rest waits for the next run")
-            break
-        try:
-            outcome = _reconcile_one(store, entry, config, now_ms, run)
-        except (BotoCoreError, ClientError) as fault:
-            logger.warning("reconcile fault", task_id=entry["task_id"], fault=repr(fault))
-            outcome = Reconciled.FAULT
-        if outcome is None:
-            continue
-        report.outcomes[outcome] += 1
-        report.tasks.append((entry["task_id"], outcome))
-        if outcome not in (Reconciled.STILL_RUNNING, Reconciled.FAULT):
-            logger.warning("task reconciled", task_id=entry["task_id"], outcome=outcome)
+    try:
+        for entry in _due_for_a_look(store, config, until_ms):
+            if deadline is not None and time.monotonic() >= deadline:
+                report.cut_short = True
+                logger.warning("reconciler out of time: the rest waits for the next run")
+                break
+            _settle_entry(store, entry, config, now_ms, run, report)
+    except (BotoCoreError, ClientError) as fault:  # a check shard's read refused
+        report.cut_short = True
+        logger.warning("reconciler stopped: the rest waits for the next run", fault=repr(fault))
     return report
+
+
+def _settle_entry(
+    store: TaskStore,
+    entry: dict[str, Any],
+    config: Settings,
+    now_ms: int,
+    run: RunState,
+    report: ReconcileReport,
+) -> None:
+    try:
+        outcome = _reconcile_one(store, entry, config, now_ms, run)
+    except (BotoCoreError, ClientError) as fault:
+        logger.warning("reconcile fault", task_id=entry["task_id"], fault=repr(fault))
+        outcome = Reconciled.FAULT
+    if outcome is None:
+        return
+    report.outcomes[outcome] += 1
+    report.tasks.append((entry["task_id"], outcome))
+    if outcome not in (Reconciled.STILL_RUNNING, Reconciled.FAULT):
+        logger.warning("task reconciled", task_id=entry["task_id"], outcome=outcome)
 
 
 def _due_for_a_look(store: TaskStore, config: Settings, until_ms: int) -> Iterator[dict[str, Any]]:

@@ -180,27 +180,29 @@ def described(refuse: str | None = None) -> Iterator[list[str]]:
 
 
 def test_a_dead_batch_is_described_once_and_a_refused_look_leaves_only_its_tasks(runtime, receiver):
-    """Five tasks of one dead execution and one of another, whose DescribeExecution is
-    throttled: one look per execution, the five requeued, the sixth counted as a fault and
-    left in its check shard for the next run."""
-    ids = store_pending(receiver.url, 6, 60_000, "dead-batch")
+    """Five tasks of one dead execution and two of another, whose DescribeExecution is
+    throttled: one look per execution (the refusal is not asked again for the second
+    task), the five requeued, the two counted as faults and left in their check shard for
+    the next run."""
+    ids = store_pending(receiver.url, 7, 60_000, "dead-batch")
     store = TaskStore(settings().tasks_table)
     throttled = f"{GONE}-throttled"
     for task_id in ids:
-        execution = throttled if task_id == ids[-1] else GONE
+        execution = throttled if task_id in ids[-2:] else GONE
         assert store.claim(task_id, 1, execution, {"gsi_pk": "check-0", "gsi_due_ms": 0})
     with described(refuse=throttled) as asked:
         report = reconcile(settings(), past_check_time(ids[-1]))
     assert sorted(asked) == [GONE, throttled]
     assert {t: str(o) for t, o in report.tasks} == {
-        **{task_id: "requeued" for task_id in ids[:-1]},
-        ids[-1]: "reconcile_faults",
+        **{task_id: "requeued" for task_id in ids[:-2]},
+        **{task_id: "reconcile_faults" for task_id in ids[-2:]},
     }
-    assert stored(ids[-1])["status"] == "RUNNING" and stored(ids[-1])["gsi_pk"] == "check-0"
-    with described() as asked:
-        assert {t: str(o) for t, o in reconcile(settings(), past_check_time(ids[-1])).tasks} == {
-            ids[-1]: "requeued"
-        }
+    assert all(
+        stored(t)["status"] == "RUNNING" and stored(t)["gsi_pk"] == "check-0" for t in ids[-2:]
+    )
+    with described():
+        again = reconcile(settings(), past_check_time(ids[-1])).tasks
+    assert {t: str(o) for t, o in again} == {task_id: "requeued" for task_id in ids[-2:]}
 
 
 def test_a_reconciler_out_of_time_or_refused_its_reads_leaves_the_run_to_dispatch(
