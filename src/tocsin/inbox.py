@@ -24,6 +24,7 @@ from aws_lambda_powertools.utilities.batch import (
     process_partial_response,
 )
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+from botocore.exceptions import BotoCoreError, ClientError
 
 from tocsin import aws, clock
 from tocsin.dispatch import dispatch_all, due_soon, due_task
@@ -102,6 +103,10 @@ def submit_batch(event: dict[str, Any], context: Any) -> dict[str, Any]:
     reply = process_partial_response(event, submit_record, processor, context)
     if stored_due:
         left_s = context.get_remaining_time_in_millis() / 1000 - DISPATCH_MARGIN_S
-        report = dispatch_all(stored_due, config, time.monotonic() + max(1.0, left_s))
-        logger.info("dispatched", **report.as_dict())
+        try:
+            report = dispatch_all(stored_due, config, time.monotonic() + max(1.0, left_s))
+        except (BotoCoreError, ClientError) as fault:  # stored: the finder starts them
+            logger.warning("batch not dispatched", tasks=len(stored_due), fault=repr(fault))
+        else:
+            logger.info("dispatched", **report.as_dict())
     return reply

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 import boto3
-from botocore.exceptions import EndpointConnectionError
+from botocore.exceptions import ClientError, EndpointConnectionError
 
 from tests.conftest import hooked, stored, wait_for_status, webhook_task
 from tocsin import aws, clock
@@ -96,6 +96,30 @@ def test_a_queued_batch_due_soon_starts_packed_and_fires_each_task_once(runtime,
     assert {stored(task_id)["status"] for task_id in ids} == {"SCHEDULED"}
     [execution] = runtime.executions()
     assert {stored(task_id)["execution_arn"] for task_id in ids} == {execution.execution_arn}
+    for task_id in ids:
+        wait_for_status(task_id, {"SUCCEEDED"})
+    assert sorted(a.task_id for a in receiver.received()) == ids
+
+
+def test_a_queued_batch_whose_marks_fail_is_kept_and_fires_once(runtime, receiver):
+    """The batch is stored and its execution started, but the marks are refused: the
+    messages are not delivered again (their tasks are stored), and each task fires once,
+    claimed by the execution already started."""
+    due = (clock.now_ms() // 1000 + 8) * 1000
+    sqs = boto3.client("sqs")
+    ids = [f"unmarked-{i}" for i in range(3)]
+    for task_id in ids:
+        body = json.dumps(webhook_task(receiver.url, due, task_id))
+        sqs.send_message(QueueUrl=runtime.outputs["SubmitQueueUrl"], MessageBody=body)
+
+    def refuse_marks(params: dict, **_: object) -> None:
+        raise ClientError({"Error": {"Code": "ProvisionedThroughputExceededException"}}, "Update")
+
+    client = aws.resource("dynamodb").meta.client
+    with hooked(client, ("before-parameter-build.dynamodb.UpdateItem", refuse_marks)):
+        assert runtime.poll_queues() == 3
+    assert runtime.poll_queues() == 0  # none comes back
+    assert {stored(task_id)["status"] for task_id in ids} == {"PENDING"}
     for task_id in ids:
         wait_for_status(task_id, {"SUCCEEDED"})
     assert sorted(a.task_id for a in receiver.received()) == ids
