@@ -2,8 +2,6 @@
 transaction, and each global index's own writes (one to put or remove an entry or change
 its projected attributes, two when its key changes, none when it is left as it was)."""
 
-import contextlib
-
 import boto3
 import pytest
 from moto import mock_aws
@@ -51,9 +49,12 @@ def metered():
                 request.setdefault("TableName", "t")
             billed = dict(meter.billed)
             taken = meter.before(action, request)
-            with contextlib.suppress(client.exceptions.ConditionalCheckFailedException):
+            status, answer = 200, ""
+            try:
                 getattr(client, _snake(action))(**request)
-            meter.after(taken)
+            except client.exceptions.ClientError as refused:
+                status, answer = 400, refused.response["Error"]["Code"]
+            meter.after(taken, status, answer)
             return {
                 k: v - billed.get(k, 0) for k, v in meter.billed.items() if v - billed.get(k, 0)
             }
@@ -122,6 +123,11 @@ def test_a_refused_write_is_billed_for_the_table_only(metered):
         ExpressionAttributeNames={"#s": "status"},
     )
     assert metered("UpdateItem", **refused) == {"table": 1}
+
+
+def test_a_request_refused_as_invalid_is_not_billed(metered):
+    metered("PutItem", Item=TASK)
+    assert metered("UpdateItem", **update("SET id = :x", {":x": {"S": "b"}})) == {}  # a key
 
 
 def test_size_rounds_up_per_kilobyte_and_a_transaction_doubles_the_table(metered):

@@ -29,7 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from tocsin.local.moto_patches import dynamodb_patches
-from tocsin.local.write_units import Metering
+from tocsin.local.write_units import WRITES, Metering
 
 DYNAMODB_URL = "https://dynamodb.us-east-1.amazonaws.com"
 ACCOUNT_ID, REGION = "123456789012", "us-east-1"  # moto's default account: the runtime's
@@ -135,9 +135,10 @@ class _Handler(BaseHTTPRequestHandler):
             fault = self.service.fault_for(action)
             if fault is None or fault.after_commit:
                 meter = self.service.meter()
-                writing = meter.before(action, json.loads(body) if body else {})
+                written = json.loads(body) if action in WRITES and body else {}
+                writing = meter.before(action, written)
                 status, headers, answer = _answer(request)
-                meter.after(writing)
+                meter.after(writing, status, answer)
         if fault is not None:
             error = {"__type": ERROR_TYPE_PREFIX + fault.code, "message": "injected fault"}
             headers = {"x-amzn-RequestId": str(uuid.uuid4())}  # as every AWS answer has

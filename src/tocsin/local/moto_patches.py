@@ -2,7 +2,8 @@
 its reason, so a moto upgrade means reading this one file.
 
 Two processes apply them: the runtime's (`step_functions_patches`: the interpreter, its
-clients and its Lambda invokes) and the DynamoDB child's (`dynamodb_patches`). Each patch
+clients and its Lambda invokes) and the DynamoDB child's (`dynamodb_patches`; the child
+serves one request at a time, so the caches these keep are plain dicts). Each patch
 replaces one moto function or attribute for as long as its context lasts; none changes
 what a request answers, only what moto keeps, repeats or runs at once, except
 `routed_invokes`, which hands invocations to the runtime's handlers.

@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 KB = 1024
+WRITES = {"PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"}
+# What a write refused by its condition answers: billed all the same.
+CONDITION_REFUSALS = ("ConditionalCheckFailedException", "TransactionCanceledException")
 
 
 @dataclass(frozen=True)
@@ -132,8 +135,11 @@ class Metering:
             taken.append((table, key, image(table, self._item(table, key)), transactional))
         return taken
 
-    def after(self, taken: list[tuple[Any, Any, Image, bool]]) -> None:
-        """Bill the request, from the images before and the items as they are now."""
+    def after(self, taken: list[tuple[Any, Any, Image, bool]], status: int, answer: Any) -> None:
+        """Bill the request, from the images before and the items as they are now: what
+        was written or refused by its condition; not a request DynamoDB refused as invalid."""
+        if status >= 400 and not any(r in str(answer) for r in CONDITION_REFUSALS):
+            return
         for table, key, before, transactional in taken:
             after = image(table, self._item(table, key))
             self.billed.update(write_units(before, after, transactional))
@@ -142,8 +148,10 @@ class Metering:
     def _item(table: Any, key: dict[str, Any]) -> Any:
         from moto.dynamodb.models.dynamo_type import DynamoType
 
-        if table.hash_key_attr not in key:
-            return None
+        if table.hash_key_attr not in key or (
+            table.range_key_attr and table.range_key_attr not in key
+        ):
+            return None  # a malformed key: moto refuses the request itself
         hash_key = DynamoType(key[table.hash_key_attr])
         range_key = DynamoType(key[table.range_key_attr]) if table.range_key_attr else None
         try:
