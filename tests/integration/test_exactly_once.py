@@ -121,8 +121,6 @@ def test_a_crashed_run_repacked_with_a_newcomer_still_fires_each_task_once(runti
         wait_for_status(task_id, {"SUCCEEDED"})
     assert runtime.wait_for_executions(15)
     assert Counter(a.task_id for a in receiver.received()) == dict.fromkeys([*ids, "repack-new"], 1)
-    holders = {stored(task_id)["claimed_by"].rsplit(":", 1)[1] for task_id in ids}
-    assert holders <= first | repacked
 
 
 @pytest.mark.parametrize("max_attempts", [1, 3])

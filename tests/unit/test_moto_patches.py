@@ -105,6 +105,27 @@ def test_a_condition_sent_again_with_other_values_is_judged_on_each_requests_val
     assert values(table)["i1"] == "3"
 
 
+def test_a_conditional_write_parses_its_condition_once(table):
+    from moto.dynamodb.comparisons import ConditionExpressionParser
+
+    lexed = []
+    lex = ConditionExpressionParser._lex_condition_expression
+
+    def counted(parser):
+        lexed.append(parser.condition_expression)
+        return lex(parser)
+
+    with mock.patch.object(ConditionExpressionParser, "_lex_condition_expression", counted):
+        table.update_item(
+            TableName="t",
+            Key={"id": {"S": "i1"}},
+            UpdateExpression="SET n = :two",
+            ConditionExpression="n = :one",
+            ExpressionAttributeValues={":one": {"N": "1"}, ":two": {"N": "2"}},
+        )
+    assert lexed == ["n = :one"]  # moto parses it twice: for the names it uses, to evaluate
+
+
 def test_a_condition_parsed_before_still_counts_the_names_and_values_it_uses(table):
     """moto refuses a name or value that no expression uses, from what the condition's
     parse found: a reused parse must report the same, or the second of two identical
