@@ -36,7 +36,7 @@ def past_check_time(task_id: str) -> int:
 def test_a_task_whose_execution_ended_before_its_claim_is_requeued_and_fires_once(
     runtime, receiver
 ):
-    [task_id] = store_pending(receiver.url, 1, 8000, "aborted")
+    [task_id] = store_pending(receiver.url, 1, 12_000, "aborted")
     runtime.run_finder()
     arn = stored(task_id)["execution_arn"]
     boto3.client("stepfunctions").stop_execution(executionArn=arn)  # gone before its wake
