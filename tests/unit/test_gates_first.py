@@ -58,3 +58,28 @@ def test_a_call_waits_for_the_action_of_a_gate_that_just_let_go(monkeypatch):
     time.sleep(0.35)  # the action's time is over: calls go at once again
     first.yield_to_gates()
     assert clock.now_ms() - began < 400
+
+
+def test_a_call_sleeps_through_a_run_of_gates_in_one_go(monkeypatch):
+    """Gates 10 ms apart for 200 ms, each within the window of the one before: a held call
+    goes on after the last one, having slept a few times, not once per gate."""
+    sleeps: list[float] = []
+    real_sleep = time.sleep
+
+    def counted_sleep(seconds: float) -> None:
+        if threading.current_thread() is caller:  # the gates' own sleeps are not counted
+            sleeps.append(seconds)
+        real_sleep(seconds)
+
+    caller = threading.current_thread()
+
+    first = GatesFirst()
+    start = clock.now_ms() + 10
+    gates = [_sleeping_gate(first, start + 10 * i) for i in range(21)]
+    monkeypatch.setattr(gates_first.time, "sleep", counted_sleep)
+    first.yield_to_gates()
+    monkeypatch.undo()
+    assert all(let_go for _, let_go in gates)  # every gate had let go first
+    assert len(sleeps) <= 3
+    for thread, _ in gates:
+        thread.join()

@@ -66,11 +66,20 @@ class GatesFirst:
             time.sleep(min(pause_ms / 1000, left_s))
 
     def _pause_ms(self) -> int:
-        """How long a call should wait, as far as the gates known now tell (0: go)."""
+        """How long a call should wait, as far as the gates known now tell (0: go): to the
+        end of the run of gates under way (each due within the window of the one before),
+        so that a waiter sleeps through a burst's second in one go. Waking at each gate of
+        it instead, hundreds of held calls took the lock a thousand times a second from the
+        gates themselves (`burst-1000`: p50 lateness 100-200 ms)."""
         now = clock.now_ms()
         with self._lock:
-            soonest = min(self._due, default=None)
+            due = sorted(self._due)
             acting_until = self._acting_until_ms
-        if soonest is not None and soonest <= now + WINDOW_MS:
-            return max(soonest - now, 0) + ACTION_MS
+        run_end = None
+        for due_ms in due:
+            if due_ms > (now if run_end is None else run_end) + WINDOW_MS:
+                break
+            run_end = due_ms
+        if run_end is not None:
+            return max(run_end - now, 0) + ACTION_MS
         return max(acting_until - now, 0)
