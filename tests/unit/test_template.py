@@ -163,3 +163,21 @@ def test_the_finder_may_write_each_part_of_an_occurrences_transaction():
     assert {"dynamodb:PutItem", "dynamodb:UpdateItem"} <= allowed("FinderFunction", "TasksTable")
     assert "dynamodb:UpdateItem" in allowed("FinderFunction", "SchedulesTable")
     assert {"dynamodb:PutItem", "dynamodb:UpdateItem"} <= allowed("ApiFunction", "TasksTable")
+
+
+def test_a_warmed_table_warms_every_index_its_task_writes_change():
+    """DynamoDB throttles a table's writes when an index cannot take their copies (GSI back
+    pressure): warming the table alone would leave a burst's claims, which rewrite the
+    OwnerIndex, at the index's own rate."""
+    warm = {
+        "Fn::If": [
+            "HasWarmWrites",
+            {"WriteUnitsPerSecond": {"Ref": "TableWarmWritesPerSecond"}},
+            {"Ref": "AWS::NoValue"},
+        ]
+    }
+    tasks = TEMPLATE["Resources"]["TasksTable"]["Properties"]
+    assert tasks["WarmThroughput"] == warm
+    indexes = {index["IndexName"]: index for index in tasks["GlobalSecondaryIndexes"]}
+    assert indexes["DispatchIndex"]["WarmThroughput"] == warm
+    assert indexes["OwnerIndex"]["WarmThroughput"] == warm
