@@ -5,6 +5,7 @@ import pytest
 
 from tests.conftest import last_json
 from tocsin.cli import main
+from tocsin.local import chaos
 from tocsin.local.chaos import HOLES, SCENARIOS, run_scenario
 
 ZERO = dict.fromkeys(HOLES, 0)
@@ -27,6 +28,25 @@ def test_cancels_and_reschedules_race_the_claim_and_both_sides_win_sometimes():
 def test_faults_that_cannot_pass_end_in_the_dead_letter_queue():
     result = run_scenario("executor-faults", tasks=20, seed=5)
     assert result["failed_to_dlq"] == 2 and result["dlq_missing"] == 0
+
+
+def test_a_failure_the_scenario_did_not_plan_is_counted_and_reported_with_its_error(
+    monkeypatch,
+):
+    """The judge names each unplanned failure and its stored error, so a run that fails
+    one can be read afterwards. Here the failures of the path that answers 500 for good
+    are made unplanned."""
+    planned = SCENARIOS["webhook-faults"]
+
+    def planning_nothing(trial, tasks):
+        planned(trial, tasks)
+        trial.may_fail.clear()
+
+    monkeypatch.setitem(chaos.SCENARIOS, "webhook-faults", planning_nothing)
+    result = run_scenario("webhook-faults", tasks=5, seed=3)
+    unplanned = result["unplanned_failures"]
+    assert result["unexpected_failures"] == len(unplanned) == result["failed_to_dlq"] == 1
+    assert all("500" in error for error in unplanned.values()), unplanned
 
 
 def test_chaos_command_prints_one_json_object_last(capsys):

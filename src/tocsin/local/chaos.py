@@ -145,15 +145,16 @@ class Trial:
             first.setdefault(arrival.idempotency_key, arrival.arrival_ms)
         in_dlq = self._dead_letters()
         counts = Counter(tasks=len(items))
+        unplanned: dict[str, str] = {}  # task id: its stored error, for the report
         for item in items:
             key = _current(item)
             status = item["status"]
             counts["fired"] += delivered[key] > 0
             counts["failed_to_dlq"] += status == "FAILED"
             counts["cancelled"] += status == "CANCELLED"
-            counts["unexpected_failures"] += (
-                status == "FAILED" and item["task_id"] not in self.may_fail
-            )
+            if status == "FAILED" and item["task_id"] not in self.may_fail:
+                counts["unexpected_failures"] += 1
+                unplanned[item["task_id"]] = item.get("error", "")
             explained = (
                 (status == "SUCCEEDED" and delivered[key] > 0)
                 or status == "FAILED"
@@ -167,6 +168,8 @@ class Trial:
         current = {_current(item) for item in items}
         counts["duplicates"] += len(set(delivered) - current)  # an old version, after a change
         counts["duplicates"] += self.extra_creations
+        if unplanned:
+            self.notes["unplanned_failures"] = unplanned
         return {name: counts[name] for name in JUDGED}
 
     def _dead_letters(self) -> set[str]:
@@ -539,6 +542,8 @@ def main(names: list[str], tasks: int, seed: int, as_json: bool) -> int:
         table.add_row(name, *(str(result[k]) for k in JUDGED))
     console.print(table)
     for name, result in results.items():
+        for task_id, error in result.get("unplanned_failures", {}).items():
+            console.print(f"{name}: {task_id} failed, unplanned: {error}", markup=False)
         if "at_stop" in result:
             console.print(f"{name}: tasks by status at the stop {result['at_stop']}")
     for name, result in results.items():
