@@ -86,7 +86,7 @@ def stored(task_id: str) -> dict[str, Any]:
     return table.get_item(Key={"task_id": task_id}, ConsistentRead=True)["Item"]
 
 
-def wait_for_status(task_id: str, statuses: set[str], timeout_s: float = 20) -> dict[str, Any]:
+def wait_for_status(task_id: str, statuses: set[str], timeout_s: float = 30) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         item = stored(task_id)

@@ -341,15 +341,16 @@ def test_cancel_racing_the_fire_gives_exactly_one_outcome(runtime, receiver):
 
 def test_reschedule_fires_the_new_version_at_the_new_time_only(runtime, receiver):
     now = clock.now_ms()
-    # Due in 8 s: the Claim waits for a wake-up at least 5 s away, room for the PATCH.
-    body = webhook_task(receiver.url, now + 8000, "r-1", {"v": 1})
+    # Due in 13 s: moto's Wait ends up to 2 s before the lead, 6 s on at the earliest,
+    # room for the PATCH.
+    body = webhook_task(receiver.url, now + 13_000, "r-1", {"v": 1})
     assert call_api(runtime, "POST", "/tasks", body)[1]["status"] == "SCHEDULED"
-    new_due = now + 10_000
+    new_due = now + 15_000
     status, task = call_api(
         runtime, "PATCH", "/tasks/r-1", {"due_at": clock.to_iso(new_due), "payload": {"v": 2}}
     )
     assert status == 200 and task["version"] == 2 and task["due_at"] == clock.to_iso(new_due)
-    wait_for_status("r-1", {"SUCCEEDED"}, timeout_s=20)
+    wait_for_status("r-1", {"SUCCEEDED"}, timeout_s=30)
     [arrival] = receiver.received()
     assert json.loads(arrival.body) == {"v": 2} and arrival.arrival_ms >= new_due
     assert arrival.idempotency_key == "r-1:2"

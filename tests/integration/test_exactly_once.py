@@ -87,7 +87,7 @@ MARKS_LOST = ("before-call.dynamodb.UpdateItem", _connection_lost)  # a finder d
 
 
 def test_finder_crash_between_start_and_mark_still_fires_once(runtime, receiver):
-    ids = store_pending(receiver.url, 5, 8000, "crash")
+    ids = store_pending(receiver.url, 5, 15_000, "crash")  # no claim before the second run
     with hooked(tables(), MARKS_LOST), pytest.raises(EndpointConnectionError):
         runtime.run_finder()  # started the executions, then died before marking
     assert {stored(i)["status"] for i in ids} == {"PENDING"}
@@ -106,7 +106,7 @@ def test_a_crashed_run_repacked_with_a_newcomer_still_fires_each_task_once(runti
     """The finder starts a window's batch and dies before marking; a task due in the same
     window arrives; the next run packs the six into a new batch (a new name: a second
     execution). Both executions claim the first five: the claim decides, each fires once."""
-    ids = store_pending(receiver.url, 5, 8000, "repack")
+    ids = store_pending(receiver.url, 5, 15_000, "repack")
     with hooked(tables(), MARKS_LOST), pytest.raises(EndpointConnectionError):
         runtime.run_finder()
     first = {e.name for e in runtime.executions()}

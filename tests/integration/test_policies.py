@@ -238,7 +238,7 @@ def test_the_api_role_allows_every_call_of_the_api(runtime, calls, receiver):
 
 def test_the_finder_role_allows_every_call_of_the_finder(runtime, calls, receiver):
     config, store = settings(), TaskStore(settings().tasks_table)
-    store_pending(receiver.url, 2, 10_000, "due")  # started and marked
+    store_pending(receiver.url, 2, 15_000, "due")  # started, marked, stopped before waking
     # requeued (its check time is past), for a later run: due beyond the look-ahead
     [stuck] = store_pending(receiver.url, 1, 60_000, "stuck")
     store.claim(stuck, 1, gone(runtime), {"gsi_pk": "check-0", "gsi_due_ms": 0})

@@ -219,7 +219,7 @@ def test_a_reconciler_out_of_time_or_refused_its_reads_leaves_the_run_to_dispatc
     assert (report.tasks, report.as_dict()["reconcile_cut_short"]) == ([], 1)
     assert stored(stuck)["status"] == "RUNNING"
 
-    [due] = store_pending(receiver.url, 1, 8000, "due-anyway")
+    [due] = store_pending(receiver.url, 1, 15_000, "due-anyway")
 
     def refuse_check_shards(params: dict, **_: object) -> None:
         if str(params.get("ExpressionAttributeValues", {}).get(":shard", "")).startswith("check-"):

@@ -79,7 +79,7 @@ def test_a_rate_fires_each_occurrence_once_never_early_at_its_millisecond(runtim
 
 
 def test_edit_pause_resume_and_delete_act_on_occurrences_already_tasks(runtime, receiver):
-    start = clock.now_ms() + 2000
+    start = clock.now_ms() + 10_000  # the first wakes 3 s on at the earliest: after the PATCH
     call_api(runtime, "POST", "/schedules", every_two_seconds(receiver.url, start))
     pending = [t for t in occurrences(runtime, "tick") if t["status"] in ("PENDING", "SCHEDULED")]
     assert len(pending) >= 5  # the look-ahead's occurrences are tasks already
@@ -117,7 +117,7 @@ def test_edit_pause_resume_and_delete_act_on_occurrences_already_tasks(runtime, 
 
 
 def test_changing_the_expression_cancels_what_no_longer_occurs(runtime, receiver):
-    start = clock.now_ms() + 8000  # inside the look-ahead, not yet woken in this test
+    start = clock.now_ms() + 10_000  # inside the look-ahead, not yet woken in this test
     call_api(runtime, "POST", "/schedules", every_two_seconds(receiver.url, start))
     before = {t["id"] for t in occurrences(runtime, "tick")}
     assert len(before) >= 5

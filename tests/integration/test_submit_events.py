@@ -86,7 +86,7 @@ def test_messages_sent_to_the_queue_are_scheduled(runtime):
 def test_a_queued_batch_due_soon_starts_packed_and_fires_each_task_once(runtime, receiver):
     """Six messages of one batch, due within the look-ahead in one second: stored, then
     started together as one execution (the finder's packing), not one each."""
-    due = (clock.now_ms() // 1000 + 15) * 1000  # wakes 10 s on: a slow machine looks first
+    due = (clock.now_ms() // 1000 + 15) * 1000  # wakes 7 s on at the earliest: looked at first
     sqs = boto3.client("sqs")
     for i in range(6):
         body = webhook_task(receiver.url, due + 100 * i, f"packed-{i}")
@@ -105,7 +105,7 @@ def test_a_queued_batch_whose_marks_fail_is_kept_and_fires_once(runtime, receive
     """The batch is stored and its execution started, but the marks are refused: the
     messages are not delivered again (their tasks are stored), and each task fires once,
     claimed by the execution already started."""
-    due = (clock.now_ms() // 1000 + 15) * 1000  # wakes 10 s on: a slow machine looks first
+    due = (clock.now_ms() // 1000 + 15) * 1000  # wakes 7 s on at the earliest: looked at first
     sqs = boto3.client("sqs")
     ids = [f"unmarked-{i}" for i in range(3)]
     for task_id in ids:
