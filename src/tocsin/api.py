@@ -49,6 +49,7 @@ REFUSALS = {
     HTTPStatus.CONFLICT: "the id is taken by another body, the task is claimed already, or "
     "the schedule changed meanwhile",
     HTTPStatus.UNSUPPORTED_MEDIA_TYPE: "a body that is not JSON (Content-Type: application/json)",
+    HTTPStatus.SERVICE_UNAVAILABLE: "DynamoDB throttled the read: send the same request again",
 }
 
 
@@ -93,7 +94,7 @@ def submit(submission: Annotated[Submission, Body()]) -> Response[TaskView]:
 @app.get(
     "/tasks",
     summary="Your tasks, earliest due first, a page at a time",
-    responses=_replies({200: ("one page", TaskPage)}, 400, 401),
+    responses=_replies({200: ("one page", TaskPage)}, 400, 401, 503),
 )
 def list_(
     status: Annotated[TaskStatus | None, Query()] = None,
@@ -173,7 +174,7 @@ def list_all(
 @app.get(
     "/schedules/<id>",
     summary="A schedule: its state, next occurrence, last fire and counts",
-    responses=_replies({200: ("the schedule", ScheduleView)}, 400, 401, 404),
+    responses=_replies({200: ("the schedule", ScheduleView)}, 400, 401, 404, 503),
 )
 def read(id: ScheduleId) -> Response[ScheduleView]:
     return _reply(HTTPStatus.OK, get_schedule(id, _caller(), settings()))

@@ -1,7 +1,8 @@
 """Errors a caller can cause, each with the field it concerns, and executor failure kinds.
 
-Each `TaskError` carries the 4xx status it stands for; the state machine retries
-`TransientTargetError` and sends `PermanentTargetError` straight to the dead-letter queue.
+Each `TaskError` carries the HTTP status it stands for (4xx, or 503 for `Busy`); the state
+machine retries `TransientTargetError` and sends `PermanentTargetError` straight to the
+dead-letter queue.
 """
 
 
@@ -40,6 +41,13 @@ class NotFound(TaskError):
 class Conflict(TaskError):
     status = 409
     code = "conflict"
+
+
+class Busy(TaskError):
+    """DynamoDB throttled a read past its retries: the same request may succeed soon."""
+
+    status = 503
+    code = "busy"
 
 
 class TransientTargetError(Exception):

@@ -5,24 +5,32 @@ one placeholder builder per resource that every call resets, so two threads shar
 table could swap each other's names mid-build (a finder query once named the wrong key).
 """
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from tocsin import aws
+from tocsin.errors import Busy
 from tocsin.model import TaskStatus
 
 DUE_INDEX = "DispatchIndex"  # by shard and time: PENDING in due shards, others in check ones
-OWNER_INDEX = "OwnerIndex"
-OWNER_INDEX_KEY = ("task_id", "owner", "due_ms")  # what a page of OwnerIndex resumes from
-SCHEDULE_INDEX = "ScheduleIndex"  # a schedule's occurrences, by due time
+# Listing reads keys-only indexes, then the tasks by key: a task's state changes do not
+# rewrite an entry that holds only its keys, where one holding every attribute was written
+# at each of them (three write units a task, all on its owner's index partition).
+OWNER_INDEX = "OwnerKeysIndex"
+OWNER_INDEX_KEY = ("task_id", "owner", "due_ms")  # what a page of it resumes from
+SCHEDULE_INDEX = "ScheduleKeysIndex"  # a schedule's occurrences, by due time
 SCHEDULE_INDEX_KEY = ("task_id", "schedule_id", "due_ms")
 LAST_FIRED_LOOKS = 5  # pages of a schedule's latest occurrences read for its last fire
+UNPROCESSED_TRIES = 5  # BatchGetItem calls for one page of tasks, the first included
+UNPROCESSED_BACKOFF_S = 0.05  # before the second; doubled before each next
 STATUS_AND_VERSION = {"#s": "status", "#v": "version"}
 
 
 class TaskStore:
     def __init__(self, table_name: str):
-        self._table = aws.resource("dynamodb").Table(table_name)
+        self._dynamodb = aws.resource("dynamodb")
+        self._table = self._dynamodb.Table(table_name)
         self._conditional_failed = (
             self._table.meta.client.exceptions.ConditionalCheckFailedException
         )
@@ -93,14 +101,13 @@ class TaskStore:
         first (strict bounds), and the key to resume from (None when there are no more)."""
         low = None if due_after_ms is None else due_after_ms + 1
         high = None if due_before_ms is None else due_before_ms - 1
-        names, values = {"#o": "owner"}, {":owner": owner}
-        filters = []
+        values: dict[str, Any] = {}
         if schedule is None:
             index, key_names, key = OWNER_INDEX, OWNER_INDEX_KEY, "#o = :owner"
+            values[":owner"] = owner
         else:
             index, key_names, key = SCHEDULE_INDEX, SCHEDULE_INDEX_KEY, "schedule_id = :sid"
             values[":sid"] = schedule
-            filters.append("#o = :owner")
         if low is not None and high is not None:
             key += " AND due_ms BETWEEN :low AND :high"
         elif low is not None:
@@ -108,52 +115,80 @@ class TaskStore:
         elif high is not None:
             key += " AND due_ms <= :high"
         values.update({name: v for name, v in ((":low", low), (":high", high)) if v is not None})
-        if status is not None:
-            names["#s"] = "status"
-            values[":status"] = status.value
-            filters.append("#s = :status")
         query: dict[str, Any] = {
             "IndexName": index,
             "KeyConditionExpression": key,
-            "ExpressionAttributeNames": names,
             "ExpressionAttributeValues": values,
             "Limit": limit,
         }
-        if filters:
-            query["FilterExpression"] = " AND ".join(filters)
+        if schedule is None:
+            query["ExpressionAttributeNames"] = {"#o": "owner"}
         if start is not None:
             query["ExclusiveStartKey"] = start
         items: list[dict[str, Any]] = []
-        while True:
-            page = self._table.query(**query)
-            items.extend(page.get("Items", []))
-            more = "LastEvaluatedKey" in page
-            if len(items) >= limit and (more or len(items) > limit):
-                items = items[:limit]
-                return items, {name: items[-1][name] for name in key_names}
-            if not more:
-                return items, None
-            query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        for entries, more in self._index_pages(query):
+            for position, (entry, item) in enumerate(entries):
+                if not _listed(entry, item, owner, status):
+                    continue
+                items.append(item)  # type: ignore[arg-type]  # _listed: not None
+                if len(items) == limit:
+                    rest = more or position < len(entries) - 1
+                    return items, ({name: entry[name] for name in key_names} if rest else None)
+        return items, None
 
     def last_fired(self, schedule_id: str, owner: str, now_ms: int) -> str | None:
         """When the schedule's latest fired occurrence fired, from its newest few due by now."""
         query: dict[str, Any] = {
             "IndexName": SCHEDULE_INDEX,
             "KeyConditionExpression": "schedule_id = :sid AND due_ms <= :now",
-            "FilterExpression": "#o = :owner AND attribute_exists(fired_at)",
-            "ExpressionAttributeNames": {"#o": "owner"},
-            "ExpressionAttributeValues": {":sid": schedule_id, ":owner": owner, ":now": now_ms},
+            "ExpressionAttributeValues": {":sid": schedule_id, ":now": now_ms},
             "ScanIndexForward": False,
             "Limit": 50,
         }
-        for _ in range(LAST_FIRED_LOOKS):
-            page = self._table.query(**query)
-            if page.get("Items"):
-                return max(str(item["fired_at"]) for item in page["Items"])
-            if "LastEvaluatedKey" not in page:
+        for looked, (entries, _) in enumerate(self._index_pages(query), start=1):
+            fired = [
+                str(item["fired_at"])
+                for _, item in entries
+                if item is not None and item["owner"] == owner and "fired_at" in item
+            ]
+            if fired:
+                return max(fired)
+            if looked == LAST_FIRED_LOOKS:
                 return None
-            query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
         return None
+
+    def _index_pages(
+        self, query: dict[str, Any]
+    ) -> Iterator[tuple[list[tuple[dict[str, Any], dict[str, Any] | None]], bool]]:
+        """The pages of a query on a keys-only index, each entry beside its task read from
+        the table (None if it is gone), and whether more pages follow."""
+        while True:
+            page = self._table.query(**query)
+            entries = page.get("Items", [])
+            tasks = self._tasks([entry["task_id"] for entry in entries])
+            more = "LastEvaluatedKey" in page
+            yield [(entry, tasks.get(entry["task_id"])) for entry in entries], more
+            if not more:
+                return
+            query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    def _tasks(self, task_ids: list[str]) -> dict[str, dict[str, Any]]:
+        """Up to 100 tasks by id, in one BatchGetItem and, for any keys DynamoDB leaves
+        unprocessed (it does under throttling), a few more with backoff."""
+        found: dict[str, dict[str, Any]] = {}
+        keys = [{"task_id": task_id} for task_id in dict.fromkeys(task_ids)]
+        request = {self._table.name: {"Keys": keys}} if keys else {}
+        for attempt in range(UNPROCESSED_TRIES):
+            if not request:
+                return found
+            if attempt:
+                time.sleep(UNPROCESSED_BACKOFF_S * 2 ** (attempt - 1))
+            reply = self._dynamodb.batch_get_item(RequestItems=request)
+            found.update((item["task_id"], item) for item in reply["Responses"][self._table.name])
+            request = reply.get("UnprocessedKeys") or {}
+        if request:
+            raise Busy("the tasks table is busy: try again")
+        return found
 
     def cancel(self, task_id: str, owner: str, now_iso: str) -> dict[str, Any] | None:
         """CANCELLED if the owner's task is not claimed yet; the task, or None if it was not."""
@@ -389,6 +424,20 @@ def _assignments(fields: dict[str, Any], prefix: str) -> tuple[dict[str, str], d
     values = {f":{prefix}{i}": value for i, value in enumerate(fields.values())}
     sets = ", ".join(f"{name} = {value}" for name, value in zip(names, values, strict=True))
     return names, values, sets
+
+
+def _listed(
+    entry: dict[str, Any], item: dict[str, Any] | None, owner: str, status: TaskStatus | None
+) -> bool:
+    """Whether a listing shows the task read for an index entry: the owner's, in the asked
+    status, and still where the entry says (a task rescheduled since the index was read is
+    listed at its new due time, from its new entry)."""
+    return (
+        item is not None
+        and item["owner"] == owner
+        and item["due_ms"] == entry["due_ms"]
+        and (status is None or item["status"] == status.value)
+    )
 
 
 def _every_page(read: Any, **request: Any) -> Iterator[dict[str, Any]]:

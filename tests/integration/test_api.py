@@ -4,6 +4,7 @@ import json
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -14,12 +15,13 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from tests.conftest import all_tasks, call_api, wait_for_status, webhook_task
-from tocsin import clock
+from tests.conftest import all_tasks, call_api, hooked, wait_for_status, webhook_task
+from tocsin import aws, clock
 from tocsin.local.chaos import wake_ms
 from tocsin.local.server import api_event
 from tocsin.model import owner_id
 from tocsin.settings import MAX_PAYLOAD_BYTES, settings
+from tocsin.store import UNPROCESSED_TRIES
 
 EVENTS = Path(__file__).parents[2] / "events"
 HOUR_MS = 3_600_000
@@ -159,6 +161,11 @@ def test_list_pages_through_the_callers_tasks_earliest_first_with_filters(runtim
 
     _, pending = call_api(runtime, "GET", "/tasks?status=PENDING&limit=100")
     assert "t-3" not in {t["id"] for t in pending["tasks"]} and len(pending["tasks"]) == 6
+    # the filter reads past pages of the index that hold no cancelled task
+    _, cancelled = call_api(runtime, "GET", "/tasks?status=CANCELLED&limit=1")
+    assert [t["id"] for t in cancelled["tasks"]] == ["t-3"]
+    _, rest = call_api(runtime, "GET", f"/tasks?status=CANCELLED&limit=1&next={cancelled['next']}")
+    assert rest == {"tasks": [], "next": None}
     window = (
         f"/tasks?due_after={clock.to_iso(now + 5 * HOUR_MS // 2)}"
         f"&due_before={clock.to_iso(now + 5 * HOUR_MS + 60_000)}"
@@ -173,6 +180,47 @@ def test_a_page_token_is_bound_to_its_owner(runtime):
     _, page = call_api(runtime, "GET", "/tasks?limit=1")
     status, error = call_api(runtime, "GET", f"/tasks?next={page['next']}", principal="bob")
     assert status == 400 and error["error"]["field"] == "next"
+
+
+BATCH_READ = "after-call.dynamodb.BatchGetItem"
+
+
+def leave_unprocessed(calls: list[int], keep: int, times: int) -> Callable[..., None]:
+    """An answer to BatchGetItem that reads only `keep` of the tasks asked for and leaves the
+    rest unprocessed, as DynamoDB does under throttling, for the first `times` calls."""
+
+    def answer(parsed: dict[str, Any], **_: object) -> None:
+        calls.append(len(calls))
+        if len(calls) > times:
+            return
+        for table, items in parsed["Responses"].items():
+            parsed["Responses"][table] = items[:keep]
+            keys = [{"task_id": item["task_id"]} for item in items[keep:]]
+            parsed["UnprocessedKeys"] = {table: {"Keys": keys}} if keys else {}
+
+    return answer
+
+
+def test_a_listing_reads_again_the_tasks_dynamodb_left_unprocessed(runtime):
+    for i in range(8):
+        call_api(runtime, "POST", "/tasks", sns_task(f"t-{i}", due_in_ms=HOUR_MS + i))
+    calls: list[int] = []
+    answer = leave_unprocessed(calls, keep=3, times=2)
+    # first: before boto3 turns the answer's wire format into values
+    with hooked(aws.resource("dynamodb").meta.client, (BATCH_READ, answer), first=True):
+        status, page = call_api(runtime, "GET", "/tasks?limit=100")
+    assert status == 200 and [t["id"] for t in page["tasks"]] == [f"t-{i}" for i in range(8)]
+    assert len(calls) == 3  # 3 read, 3 more, then the last 2
+
+
+def test_a_listing_dynamodb_keeps_throttling_is_refused_as_busy(runtime):
+    call_api(runtime, "POST", "/tasks", sns_task("t-1"))
+    calls: list[int] = []
+    answer = leave_unprocessed(calls, keep=0, times=100)
+    with hooked(aws.resource("dynamodb").meta.client, (BATCH_READ, answer), first=True):
+        status, error = call_api(runtime, "GET", "/tasks")
+    assert status == 503 and error["error"]["code"] == "busy"
+    assert len(calls) == UNPROCESSED_TRIES
 
 
 BAD_REQUESTS = [

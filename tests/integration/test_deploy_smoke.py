@@ -93,11 +93,16 @@ def test_the_tasks_table_has_its_indexes_and_ttl(deployed):
         "ProjectionType": "INCLUDE",
         "NonKeyAttributes": ["version", "task_type", "requeues"],
     }
-    assert [k["AttributeName"] for k in indexes["OwnerIndex"]["KeySchema"]] == ["owner", "due_ms"]
-    assert [k["AttributeName"] for k in indexes["ScheduleIndex"]["KeySchema"]] == [
+    assert [k["AttributeName"] for k in indexes["OwnerKeysIndex"]["KeySchema"]] == [
+        "owner",
+        "due_ms",
+    ]
+    assert [k["AttributeName"] for k in indexes["ScheduleKeysIndex"]["KeySchema"]] == [
         "schedule_id",
         "due_ms",
     ]
+    for listing in ("OwnerKeysIndex", "ScheduleKeysIndex"):  # state changes do not write them
+        assert indexes[listing]["Projection"] == {"ProjectionType": "KEYS_ONLY"}
     assert table["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
 
 

@@ -50,6 +50,8 @@ def _arn(service: str, resource: str) -> str:
 
 def _resources(service: str, operation: str, params: dict[str, Any]) -> list[str]:
     """The ARNs of what a call acts on, as IAM authorizes it."""
+    if (service, operation) == ("dynamodb", "BatchGetItem"):
+        return [_arn("dynamodb", f"table/{table}") for table in params["RequestItems"]]
     if service == "dynamodb":
         index = f"/index/{params['IndexName']}" if "IndexName" in params else ""
         return [_arn("dynamodb", f"table/{params['TableName']}{index}")]

@@ -167,8 +167,8 @@ def test_the_finder_may_write_each_part_of_an_occurrences_transaction():
 
 def test_a_warmed_table_warms_every_index_its_task_writes_change():
     """DynamoDB throttles a table's writes when an index cannot take their copies (GSI back
-    pressure): warming the table alone would leave a burst's claims, which rewrite the
-    OwnerIndex, at the index's own rate."""
+    pressure): warming the table alone would leave a burst's marks, which move tasks in the
+    DispatchIndex, and its submits, which enter OwnerKeysIndex, at the indexes' own rate."""
     warm = {
         "Fn::If": [
             "HasWarmWrites",
@@ -180,4 +180,4 @@ def test_a_warmed_table_warms_every_index_its_task_writes_change():
     assert tasks["WarmThroughput"] == warm
     indexes = {index["IndexName"]: index for index in tasks["GlobalSecondaryIndexes"]}
     assert indexes["DispatchIndex"]["WarmThroughput"] == warm
-    assert indexes["OwnerIndex"]["WarmThroughput"] == warm
+    assert indexes["OwnerKeysIndex"]["WarmThroughput"] == warm

@@ -7,8 +7,8 @@ write touches is billed too (DynamoDB's developer guide, "Global secondary index
 writes): an entry put or removed is one unit per 1 KB of the entry, an entry whose index
 key changed is two writes (the old one deleted, the new one put), an entry whose projected
 attributes changed is one, and an index the write leaves as it was costs nothing. Counting
-requests instead misses every index write: a task's state changes rewrite its OwnerIndex
-entry (all attributes projected) and move it between the dispatch index's shards.
+requests instead misses every index write: a task enters its owner's index at the put and
+moves between the dispatch index's shards as its state changes.
 
 The embedded runtime's DynamoDB process counts these with moto's attribute sizes, from
 images taken around each write it serves (`Metering`).
