@@ -148,6 +148,18 @@ def test_transient_failure_is_retried_up_to_max_attempts_then_failed_to_the_dlq(
     }  # ids and the error: no payload, no target (its headers may hold credentials)
 
 
+def test_a_dropped_connection_is_named_in_the_error_without_the_url(runtime, receiver):
+    """The operator reads what failed (the error and its cause) in the task and its dead
+    letter; the URL's query, which can carry a token, is not there."""
+    receiver.script_for["/drop?token=s3cret"] = ["close"]
+    ids = store_pending(f"{receiver.url}/drop?token=s3cret", 1, 500, "drop", max_attempts=1)
+    runtime.run_finder()
+    item = wait_for_status(ids[0], {"FAILED"})
+    assert "webhook request failed: ProtocolError (RemoteDisconnected)" in item["error"]
+    assert "s3cret" not in item["error"]
+    assert [m["error"] for m in dead_letters(runtime)] == [json.loads(item["error"])]
+
+
 def test_permanent_failure_is_not_retried(runtime, receiver):
     receiver.status_for["/gone"] = 410
     ids = store_pending(f"{receiver.url}/gone", 1, 500, "gone")

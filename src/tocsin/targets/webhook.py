@@ -199,12 +199,20 @@ class WebhookTarget(Target):
             # A certificate that does not verify will not verify on a retry either.
             if isinstance(reason, urllib3.exceptions.SSLError):
                 raise PermanentTargetError(f"webhook TLS failed: {reason}") from error
-            raise TransientTargetError(f"webhook request failed: {type(error).__name__}") from error
+            raise TransientTargetError(f"webhook request failed: {_failure(error)}") from error
         if response.status in _RETRIED_STATUSES:
             raise TransientTargetError(f"webhook answered {response.status}")
         if not 200 <= response.status < 300:
             raise PermanentTargetError(f"webhook answered {response.status}")
         return int(response.status)
+
+
+def _failure(error: Exception) -> str:
+    """What went wrong, by the names of the error and of its cause (a reset, a close, a
+    timeout): never their messages, which can hold the target's URL and its query."""
+    causes = [getattr(error, "reason", None), *error.args]
+    cause = next((c for c in causes if isinstance(c, BaseException) and c is not error), None)
+    return type(error).__name__ + (f" ({type(cause).__name__})" if cause else "")
 
 
 def _open_ahead(pool: urllib3.HTTPConnectionPool) -> None:
