@@ -51,11 +51,11 @@ def test_task_due_inside_look_ahead_is_started_at_submit(runtime, receiver):
 
 def test_task_due_beyond_look_ahead_is_started_by_the_finder(receiver):
     with runtime_with({"LookAheadSeconds": "5"}) as rt:
-        due = clock.now_ms() + 7000
+        due = clock.now_ms() + 9000  # 4 s beyond the look-ahead: the first run misses it
         submitted = submit_task(webhook_task(receiver.url, due, "later"), owner="alice")
         assert submitted.task["status"] == "PENDING"
         assert rt.run_finder()["found"] == 0
-        time.sleep(2.5)
+        time.sleep(4.5)
         assert rt.run_finder()["started"] == 1
         wait_for_status("later", {"SUCCEEDED"})
         assert len(receiver.received()) == 1
