@@ -120,15 +120,12 @@ def last_json(output: str) -> Any:
 
 
 @contextmanager
-def hooked(
-    client: Any, *hooks: tuple[str, Callable[..., Any]], first: bool = False
-) -> Iterator[None]:
-    """Each `(event, handler)` on `client`'s botocore events meanwhile (`first`: before the
-    handlers already there): how a test plays what AWS or the network would do to a request
-    (a refusal, a lost connection, a delay, a partial answer)."""
-    register = client.meta.events.register_first if first else client.meta.events.register
+def hooked(client: Any, *hooks: tuple[str, Callable[..., Any]]) -> Iterator[None]:
+    """Each `(event, handler)` on `client`'s botocore events meanwhile: how a test plays what
+    AWS or the network would do to a request (a refusal, a lost connection, a delay, a
+    partial answer)."""
     for event, handler in hooks:
-        register(event, handler)
+        client.meta.events.register(event, handler)
     try:
         yield
     finally:

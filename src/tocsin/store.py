@@ -7,7 +7,10 @@ table could swap each other's names mid-build (a finder query once named the wro
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+
+from botocore.exceptions import ClientError
 
 from tocsin import aws
 from tocsin.errors import Busy
@@ -21,7 +24,17 @@ OWNER_INDEX = "OwnerKeysIndex"
 OWNER_INDEX_KEY = ("task_id", "owner", "due_ms")  # what a page of it resumes from
 SCHEDULE_INDEX = "ScheduleKeysIndex"  # a schedule's occurrences, by due time
 SCHEDULE_INDEX_KEY = ("task_id", "schedule_id", "due_ms")
-LAST_FIRED_LOOKS = 5  # pages of a schedule's latest occurrences read for its last fire
+# A schedule's last fire: its newest occurrences due by now, a short page at a time (each
+# is read whole), up to LAST_FIRED_LOOKS pages.
+LAST_FIRED_PAGE = 10
+LAST_FIRED_LOOKS = 25
+BATCH_GET_MAX = 100  # keys in one BatchGetItem
+THROTTLED = {
+    "ProvisionedThroughputExceededException",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+}
+BUSY = "the tasks table is busy: send the same request again"
 UNPROCESSED_TRIES = 5  # BatchGetItem calls for one page of tasks, the first included
 UNPROCESSED_BACKOFF_S = 0.05  # before the second; doubled before each next
 STATUS_AND_VERSION = {"#s": "status", "#v": "version"}
@@ -119,7 +132,8 @@ class TaskStore:
             "IndexName": index,
             "KeyConditionExpression": key,
             "ExpressionAttributeValues": values,
-            "Limit": limit,
+            # a status filter may skip most entries: read as many as one BatchGetItem takes
+            "Limit": limit if status is None else BATCH_GET_MAX,
         }
         if schedule is None:
             query["ExpressionAttributeNames"] = {"#o": "owner"}
@@ -143,7 +157,7 @@ class TaskStore:
             "KeyConditionExpression": "schedule_id = :sid AND due_ms <= :now",
             "ExpressionAttributeValues": {":sid": schedule_id, ":now": now_ms},
             "ScanIndexForward": False,
-            "Limit": 50,
+            "Limit": LAST_FIRED_PAGE,
         }
         for looked, (entries, _) in enumerate(self._index_pages(query), start=1):
             fired = [
@@ -163,9 +177,10 @@ class TaskStore:
         """The pages of a query on a keys-only index, each entry beside its task read from
         the table (None if it is gone), and whether more pages follow."""
         while True:
-            page = self._table.query(**query)
-            entries = page.get("Items", [])
-            tasks = self._tasks([entry["task_id"] for entry in entries])
+            with _busy_when_throttled():
+                page = self._table.query(**query)
+                entries = page.get("Items", [])
+                tasks = self._tasks([entry["task_id"] for entry in entries])
             more = "LastEvaluatedKey" in page
             yield [(entry, tasks.get(entry["task_id"])) for entry in entries], more
             if not more:
@@ -184,10 +199,11 @@ class TaskStore:
             if attempt:
                 time.sleep(UNPROCESSED_BACKOFF_S * 2 ** (attempt - 1))
             reply = self._dynamodb.batch_get_item(RequestItems=request)
-            found.update((item["task_id"], item) for item in reply["Responses"][self._table.name])
+            read = reply.get("Responses", {}).get(self._table.name, [])
+            found.update((item["task_id"], item) for item in read)
             request = reply.get("UnprocessedKeys") or {}
         if request:
-            raise Busy("the tasks table is busy: try again")
+            raise Busy(BUSY)
         return found
 
     def cancel(self, task_id: str, owner: str, now_iso: str) -> dict[str, Any] | None:
@@ -424,6 +440,18 @@ def _assignments(fields: dict[str, Any], prefix: str) -> tuple[dict[str, str], d
     values = {f":{prefix}{i}": value for i, value in enumerate(fields.values())}
     sets = ", ".join(f"{name} = {value}" for name, value in zip(names, values, strict=True))
     return names, values, sets
+
+
+@contextmanager
+def _busy_when_throttled() -> Iterator[None]:
+    """A read DynamoDB still throttles after botocore's retries is `Busy` (503): the same
+    request may well succeed a moment later, where a 500 would say it never will."""
+    try:
+        yield
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in THROTTLED:
+            raise Busy(BUSY) from error
+        raise
 
 
 def _listed(

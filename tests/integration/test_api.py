@@ -11,9 +11,11 @@ from typing import Any
 
 import boto3
 import pytest
+from botocore.awsrequest import AWSPreparedRequest, AWSResponse
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
+from moto.core.botocore_stubber import MockRawResponse
 
 from tests.conftest import all_tasks, call_api, hooked, wait_for_status, webhook_task
 from tocsin import aws, clock
@@ -206,8 +208,9 @@ def test_a_listing_reads_again_the_tasks_dynamodb_left_unprocessed(runtime):
         call_api(runtime, "POST", "/tasks", sns_task(f"t-{i}", due_in_ms=HOUR_MS + i))
     calls: list[int] = []
     answer = leave_unprocessed(calls, keep=3, times=2)
-    # first: before boto3 turns the answer's wire format into values
-    with hooked(aws.resource("dynamodb").meta.client, (BATCH_READ, answer), first=True):
+    # botocore calls an operation's own handlers before boto3's, which turns the answer's
+    # wire format into values: this one edits the answer as DynamoDB sent it
+    with hooked(aws.resource("dynamodb").meta.client, (BATCH_READ, answer)):
         status, page = call_api(runtime, "GET", "/tasks?limit=100")
     assert status == 200 and [t["id"] for t in page["tasks"]] == [f"t-{i}" for i in range(8)]
     assert len(calls) == 3  # 3 read, 3 more, then the last 2
@@ -217,10 +220,26 @@ def test_a_listing_dynamodb_keeps_throttling_is_refused_as_busy(runtime):
     call_api(runtime, "POST", "/tasks", sns_task("t-1"))
     calls: list[int] = []
     answer = leave_unprocessed(calls, keep=0, times=100)
-    with hooked(aws.resource("dynamodb").meta.client, (BATCH_READ, answer), first=True):
+    with hooked(aws.resource("dynamodb").meta.client, (BATCH_READ, answer)):
         status, error = call_api(runtime, "GET", "/tasks")
     assert status == 503 and error["error"]["code"] == "busy"
     assert len(calls) == UNPROCESSED_TRIES
+
+
+def test_a_query_dynamodb_throttles_past_botocores_retries_is_refused_as_busy(runtime):
+    call_api(runtime, "POST", "/tasks", sns_task("t-1"))
+    throttled: list[str] = []
+
+    def throttle(request: AWSPreparedRequest, **_: object) -> AWSResponse:
+        throttled.append(request.url)
+        error = b'{"__type":"com.amazonaws.dynamodb.v20120810#ThrottlingException"}'
+        return AWSResponse(request.url, 400, {}, MockRawResponse(error))
+
+    client = aws.resource("dynamodb").meta.client
+    with hooked(client, ("before-send.dynamodb.Query", throttle)):
+        status, error = call_api(runtime, "GET", "/tasks")
+    assert status == 503 and error["error"]["code"] == "busy"
+    assert len(throttled) > 1  # botocore retried it first
 
 
 BAD_REQUESTS = [
