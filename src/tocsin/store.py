@@ -176,16 +176,12 @@ class TaskStore:
     ) -> Iterator[tuple[list[tuple[dict[str, Any], dict[str, Any] | None]], bool]]:
         """The pages of a query on a keys-only index, each entry beside its task read from
         the table (None if it is gone), and whether more pages follow."""
-        while True:
-            with _busy_when_throttled():
-                page = self._table.query(**query)
+        with _busy_when_throttled():  # the query's pages and their BatchGetItems
+            for page in _pages(self._table.query, **query):
                 entries = page.get("Items", [])
                 tasks = self._tasks([entry["task_id"] for entry in entries])
-            more = "LastEvaluatedKey" in page
-            yield [(entry, tasks.get(entry["task_id"])) for entry in entries], more
-            if not more:
-                return
-            query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+                more = "LastEvaluatedKey" in page
+                yield [(entry, tasks.get(entry["task_id"])) for entry in entries], more
 
     def _tasks(self, task_ids: list[str]) -> dict[str, dict[str, Any]]:
         """Up to 100 tasks by id, in one BatchGetItem and, for any keys DynamoDB leaves
@@ -468,11 +464,17 @@ def _listed(
     )
 
 
-def _every_page(read: Any, **request: Any) -> Iterator[dict[str, Any]]:
-    """The items of a query or scan, page after page."""
+def _pages(read: Any, **request: Any) -> Iterator[dict[str, Any]]:
+    """The pages of a query or scan, each read from where the one before stopped."""
     while True:
         page = read(**request)
-        yield from page.get("Items", [])
+        yield page
         if "LastEvaluatedKey" not in page:
             return
         request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
+def _every_page(read: Any, **request: Any) -> Iterator[dict[str, Any]]:
+    """The items of a query or scan, page after page."""
+    for page in _pages(read, **request):
+        yield from page.get("Items", [])
