@@ -8,28 +8,45 @@ BIN    := $(VENV)/bin
 REGION := us-east-1
 TASKS  ?= 200
 
+# The functions run on Python 3.13 (template.yaml). Where one is found, as the layer's
+# build finds it, the tests run on it too, in a .venv of its own, from the same locks.
+RUNTIME_VENV   := .venv-313
+RUNTIME_PYTHON := $(shell $(MAKE) -s --no-print-directory -C layers/tocsin runtime-python)
+
+# Test processes per Python. Most of a test's time is spent waiting for a due time, so
+# more processes than cores keep both busy; WORKERS=0 runs the tests in this process.
+WORKERS ?= 4
+PYTEST   = -q -n $(WORKERS) --dist loadgroup
+
 tool_pins = $(shell $(PYTHON) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml","rb"))["tool"]["tocsin"]["tools"]["$(1)"]))')
 
-.PHONY: demo test lock lint format unit unit-runtime validate sam-validate sam-build cfn-lint statelint checkov clean
+.PHONY: demo test check lock lint format tests tests-runtime validate sam-validate sam-build \
+	cfn-lint statelint checkov clean
 
 demo: $(VENV)/.installed
 	$(BIN)/tocsin demo --tasks $(TASKS)
 
-test: lint validate unit unit-runtime
+# Every check, side by side: each part's output is printed whole once it ends (the tests'
+# after a few minutes), and a part that fails fails `make test` once the others end.
+test:
+	@$(MAKE) --no-print-directory -k -j 6 --output-sync=target lint validate tests tests-runtime
 
-unit: $(VENV)/.installed
-	$(BIN)/pytest -q
+# The inner loop: lint and the tests not marked slow, on this Python (under two minutes).
+check: lint $(VENV)/.installed
+	$(BIN)/pytest $(PYTEST) -m "not slow"
 
-# The functions run on Python 3.13 (template.yaml). Where one is found, as the layer's
-# build finds it, every test runs again on it, in a .venv of its own, from the same locks.
-RUNTIME_PYTHON = $(shell $(MAKE) -s --no-print-directory -C layers/tocsin runtime-python)
+# The tests read `sam build`'s template, so it is built first (it writes into the checkout).
+tests: $(VENV)/.installed sam-build
+	$(BIN)/pytest $(PYTEST)
 
-unit-runtime:
-	@if [ -z "$(RUNTIME_PYTHON)" ]; then \
-		echo "no Python 3.13 found: the tests ran on $(PYTHON) only"; \
-	else \
-		$(MAKE) --no-print-directory unit VENV=.venv-313 PYTHON="$(RUNTIME_PYTHON)"; \
-	fi
+# The same tests on the functions' Python, but for those whose outcome does not depend on
+# the Python that runs them (marked `any_python`: the locks, the template, the layer).
+tests-runtime: sam-build $(if $(RUNTIME_PYTHON),$(RUNTIME_VENV)/.installed)
+ifeq ($(RUNTIME_PYTHON),)
+	@echo "no Python 3.13 found: the tests ran on $(PYTHON) only"
+else
+	$(RUNTIME_VENV)/bin/pytest $(PYTEST) -m "not any_python"
+endif
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
@@ -44,7 +61,7 @@ validate: sam-validate sam-build cfn-lint statelint checkov
 sam-validate: $(SAMENV)/.installed
 	$(SAMENV)/bin/sam validate --lint --region $(REGION)
 
-sam-build: $(SAMENV)/.installed
+sam-build: $(SAMENV)/.installed | $(VENV)/.installed $(if $(RUNTIME_PYTHON),$(RUNTIME_VENV)/.installed)
 	$(SAMENV)/bin/sam build --region $(REGION)
 
 cfn-lint: $(VENV)/.installed
@@ -58,13 +75,29 @@ statelint: $(VENV)/.installed $(CHKENV)/.installed
 	$(BIN)/tocsin asl > .build/task.asl.json
 	$(CHKENV)/bin/statelint .build/task.asl.json
 
-# Everything the .venv and the layer install is locked, with hashes, in requirements/
+# Everything a .venv and the layer install is locked, with hashes, in requirements/
 # (`make lock` writes the locks from pyproject.toml; a test fails when they disagree).
-$(VENV)/.installed: pyproject.toml requirements/dev.txt
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q --require-hashes -r requirements/dev.txt
+# The locked packages install side by side; what builds the package in the checkout (the
+# editable installs, the layer's `sam build`) runs one at a time.
+define locked_venv
+	$(2) -m venv $(1)
+	$(1)/bin/pip install -q --upgrade pip
+	$(1)/bin/pip install -q --require-hashes -r requirements/dev.txt
+	touch $(1)/.locked
+endef
+
+$(VENV)/.locked: pyproject.toml requirements/dev.txt
+	$(call locked_venv,$(VENV),$(PYTHON))
+
+$(RUNTIME_VENV)/.locked: pyproject.toml requirements/dev.txt
+	$(call locked_venv,$(RUNTIME_VENV),$(RUNTIME_PYTHON))
+
+$(VENV)/.installed: $(VENV)/.locked
 	$(BIN)/pip install -q --no-deps -e .
+	touch $@
+
+$(RUNTIME_VENV)/.installed: $(RUNTIME_VENV)/.locked | $(VENV)/.installed
+	$(RUNTIME_VENV)/bin/pip install -q --no-deps -e .
 	touch $@
 
 LOCK = $(BIN)/uv pip compile pyproject.toml --universal --python-version 3.11 --generate-hashes -q
@@ -84,4 +117,4 @@ $(CHKENV)/.installed: pyproject.toml
 	touch $@
 
 clean:
-	rm -rf $(VENV) .venv-313 $(SAMENV) $(CHKENV) .aws-sam .build .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(RUNTIME_VENV) $(SAMENV) $(CHKENV) .aws-sam .build .pytest_cache .ruff_cache

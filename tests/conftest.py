@@ -1,11 +1,10 @@
 """Fixtures: the embedded runtime (the real template, ASL and handlers on moto) and a receiver."""
 
 import json
+import re
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,9 +16,10 @@ import boto3
 import pytest
 
 from tocsin import clock
-from tocsin.local.receiver import WebhookReceiver
+from tocsin.local.http_thread import serving_in_thread
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.local.server import api_event
+from tocsin.measure.receiver import WebhookReceiver
 from tocsin.settings import settings
 from tocsin.store import TaskStore
 from tocsin.submit import new_item
@@ -27,6 +27,17 @@ from tocsin.submit import new_item
 # The tests' receivers listen on loopback, each on a port of its own: allow the host, as an
 # operator would with WebhookAllowedHosts (nothing internal is allowed by default).
 LOOPBACK_ALLOWED = {"WebhookAllowedHosts": "127.0.0.1"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """schemathesis 4.32 makes each operation's test with the function's own name as its
+    original name, and pytest 9 builds a test's node id from that: every operation got the
+    same id (only its name holds the operation). pytest-xdist tells tests apart by node id,
+    so it ran one operation of eleven: each test gets the node id its name makes."""
+    for item in items:
+        module, _, name = item.nodeid.rpartition("::")
+        if name.partition("[")[0] == item.name.partition("[")[0] and name != item.name:
+            item._id = type(item._id).parse(f"{module}::{item.name}")
 
 
 def runtime_with(parameters: dict[str, str] | None = None, **options: Any) -> EmbeddedRuntime:
@@ -41,6 +52,15 @@ def runtime_with(parameters: dict[str, str] | None = None, **options: Any) -> Em
 def runtime() -> Iterator[EmbeddedRuntime]:
     with runtime_with() as running:
         yield running
+
+
+@pytest.fixture
+def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """botocore's retries without their waits: a test that runs them to exhaustion counts
+    them, and waiting out the backoff (seconds a retry when throttled) proves nothing more."""
+    from botocore.retries import standard
+
+    monkeypatch.setattr(standard.ExponentialBackoff, "delay_amount", lambda self, context: 0.0)
 
 
 @pytest.fixture
@@ -159,34 +179,26 @@ def batch_event(task_id: str, execution: str = "arn:aws:states:::execution:m:one
 def http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     """A local HTTP server with `handler` (a peer that behaves as a test needs); its URL."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with serving_in_thread(server, "test-peer"):
         yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def serve(*arguments: str) -> subprocess.Popen:
-    """`tocsin serve` with these arguments, in a process of its own, once it listens."""
+def serve(*arguments: str) -> tuple[subprocess.Popen, str]:
+    """`tocsin serve` with these arguments, on a port the system picks, in a process of its
+    own, once it listens; the process and its URL."""
     # Ctrl-C as a terminal delivers it: a shell that runs pytest in the background hands
     # its children SIGINT ignored, and Python then never raises KeyboardInterrupt.
     server = subprocess.Popen(
-        [sys.executable, "-m", "tocsin.cli", "serve", *arguments],
+        [sys.executable, "-m", "tocsin.cli", "serve", "--port", "0", *arguments],
         stdout=subprocess.PIPE,
         text=True,
         cwd=Path(__file__).parents[1],
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert server.stdout is not None
-    assert server.stdout.readline().startswith("Tocsin API on")
-    return server
+    listening = re.match(r"Tocsin API on (http://\S+) ", server.stdout.readline())
+    assert listening, "tocsin serve did not say where it listens"
+    return server, listening[1]
 
 
 def stop(server: subprocess.Popen) -> None:

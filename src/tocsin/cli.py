@@ -17,7 +17,7 @@ SECONDS_PER_UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from tocsin.local import demo
+    from tocsin.measure import demo
 
     options = demo.DemoOptions(
         tasks=args.tasks,
@@ -153,7 +153,7 @@ def json_argument(text: str) -> Any:
 def _api_command(args: argparse.Namespace) -> int:
     """The task and schedule commands: one API call each, printed for people or --json."""
     from tocsin.client import ApiError, Client
-    from tocsin.local.output import print_page, print_schedules, print_task
+    from tocsin.terminal import print_page, print_schedules, print_task
 
     if not args.url:
         print("error: give --url or set TOCSIN_URL (tocsin serve prints it)", file=sys.stderr)
@@ -327,9 +327,9 @@ def _redrive(args: argparse.Namespace) -> int:
     """FAILED tasks on a stack's dead-letter queue back to PENDING as their next version."""
     import boto3
 
-    from tocsin.local.output import print_redrive
     from tocsin.redrive import redrive
     from tocsin.settings import Settings
+    from tocsin.terminal import print_redrive
 
     stack = boto3.client("cloudformation").describe_stacks(StackName=args.stack)["Stacks"][0]
     outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
@@ -356,7 +356,7 @@ def _scenario_names(given: str | None, default: list[str], known: list[str]) -> 
 
 
 def _chaos(args: argparse.Namespace) -> int:
-    from tocsin.local import chaos
+    from tocsin.measure import chaos
 
     names = _scenario_names(args.scenarios, list(chaos.SCENARIOS), list(chaos.SCENARIOS))
     if names is None:
@@ -365,7 +365,7 @@ def _chaos(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from tocsin.local import bench
+    from tocsin.measure import bench
 
     known = [*bench.SCENARIOS, *bench.STRETCH]
     names = _scenario_names(args.scenarios, list(bench.SCENARIOS), known)
@@ -399,7 +399,9 @@ def parser() -> argparse.ArgumentParser:
     openapi.set_defaults(run=_openapi)
 
     serve = commands.add_parser("serve", help="serve the task API locally, tasks fire for real")
-    serve.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (8765)")
+    serve.add_argument(
+        "--port", type=int, default=8765, help="port on 127.0.0.1 (8765; 0 picks a free one)"
+    )
     serve.add_argument("--lookahead", type=int, default=20, help="finder look-ahead, s (20)")
     serve.add_argument("--finder-interval", type=float, default=5.0, help="finder ticker, s (5)")
     serve.add_argument(

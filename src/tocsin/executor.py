@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import cache
+from functools import lru_cache
 from typing import Any, TypeVar
 
 from aws_lambda_powertools.metrics import MetricUnit
@@ -130,7 +130,7 @@ class Failed:
     attempts: int
 
 
-@cache
+@lru_cache(maxsize=1)  # one table in a Lambda's life; a process that starts runtimes moves on
 def _persistence(table_name: str) -> DynamoDBPersistenceLayer:
     return DynamoDBPersistenceLayer(table_name=table_name, boto3_client=aws.client("dynamodb"))
 

@@ -19,10 +19,10 @@ from moto.core.botocore_stubber import MockRawResponse
 
 from tests.conftest import all_tasks, call_api, hooked, wait_for_status, webhook_task
 from tocsin import aws, clock
-from tocsin.local.chaos import wake_ms
 from tocsin.local.server import api_event
+from tocsin.measure.chaos import wake_ms
 from tocsin.model import owner_id
-from tocsin.settings import MAX_PAYLOAD_BYTES, settings
+from tocsin.settings import settings
 from tocsin.store import UNPROCESSED_TRIES
 
 EVENTS = Path(__file__).parents[2] / "events"
@@ -137,11 +137,6 @@ def test_a_role_sees_its_tasks_from_every_session(runtime, session, another):
     assert call_api(runtime, "DELETE", "/tasks/t-1", principal=another)[0] == 200
 
 
-def test_a_request_without_an_iam_identity_is_refused(runtime):
-    status, error = call_api(runtime, "GET", "/tasks", principal=None)
-    assert status == 401 and error["error"]["code"] == "unauthenticated"
-
-
 def test_list_pages_through_the_callers_tasks_earliest_first_with_filters(runtime):
     now = clock.now_ms()
     for i in range(7):
@@ -226,7 +221,7 @@ def test_a_listing_dynamodb_keeps_throttling_is_refused_as_busy(runtime):
     assert len(calls) == UNPROCESSED_TRIES
 
 
-def test_a_query_dynamodb_throttles_past_botocores_retries_is_refused_as_busy(runtime):
+def test_a_query_dynamodb_throttles_past_botocores_retries_is_refused_as_busy(runtime, no_backoff):
     call_api(runtime, "POST", "/tasks", sns_task("t-1"))
     throttled: list[str] = []
 
@@ -240,68 +235,6 @@ def test_a_query_dynamodb_throttles_past_botocores_retries_is_refused_as_busy(ru
         status, error = call_api(runtime, "GET", "/tasks")
     assert status == 503 and error["error"]["code"] == "busy"
     assert len(throttled) > 1  # botocore retried it first
-
-
-BAD_REQUESTS = [
-    ("POST", "/tasks", "{not json", "body"),
-    ("POST", "/tasks", "", "body"),
-    ("POST", "/tasks", sns_task() | {"colour": "red"}, "colour"),
-    ("POST", "/tasks", sns_task() | {"payload": {"n": 1}, "max_attempts": "many"}, "max_attempts"),
-    ("POST", "/tasks", sns_task() | {"max_attempts": 9}, "max_attempts"),
-    ("POST", "/tasks", sns_task() | {"due_at": "2027-01-15T10:00:00"}, "due_at"),
-    ("POST", "/tasks", sns_task() | {"due_at": "next tuesday"}, "due_at"),
-    ("POST", "/tasks", sns_task() | {"due_at": "2036-01-01T00:00:00Z"}, "due_at"),
-    ("POST", "/tasks", sns_task() | {"due_at": 12345}, "due_at"),
-    ("POST", "/tasks", sns_task(due_in_ms=-2 * 365 * 86_400_000), "due_at"),
-    ("POST", "/tasks", sns_task(due_at=None), "due_at"),
-    ("POST", "/tasks", sns_task() | {"delay": 60}, "due_at"),
-    ("POST", "/tasks", sns_task(due_at=None) | {"delay": -5}, "delay"),
-    ("POST", "/tasks", sns_task(due_at=None) | {"delay": "P5000D"}, "delay"),
-    ("POST", "/tasks", sns_task() | {"id": "white space"}, "id"),
-    ("POST", "/tasks", sns_task() | {"id": "x" * 65}, "id"),
-    ("POST", "/tasks", sns_task() | {"payload": "x" * MAX_PAYLOAD_BYTES}, "payload"),
-    ("POST", "/tasks", sns_task() | {"type": "pigeon"}, "type"),
-    (
-        "POST",
-        "/tasks",
-        sns_task() | {"type": "webhook", "target": {"url": "ftp://a.example"}},
-        "target.url",
-    ),
-    (
-        "POST",
-        "/tasks",
-        sns_task() | {"type": "webhook", "target": {"url": "https://10.1.2.3/"}},
-        "target.url",
-    ),
-    (
-        "POST",
-        "/tasks",
-        sns_task() | {"target": {"topic_arn": "arn:aws:sns:nowhere"}},
-        "target.topic_arn",
-    ),
-    ("POST", "/tasks", [1, 2, 3], "body"),
-    ("GET", "/tasks?limit=0", None, "limit"),
-    ("GET", "/tasks?limit=ten", None, "limit"),
-    ("GET", "/tasks?status=LOST", None, "status"),
-    ("GET", "/tasks?due_before=yesterday", None, "due_before"),
-    ("GET", "/tasks?next=garbage", None, "next"),
-    ("GET", "/tasks?colour=red", None, "colour"),
-    ("GET", f"/tasks/{'x' * 65}", None, "id"),
-    ("PATCH", "/tasks/t-1", {}, "body"),
-    ("PATCH", "/tasks/t-1", {"type": "sqs"}, "type"),
-    ("PATCH", "/tasks/t-1", {"due_at": "2027-01-15T10:00:00"}, "due_at"),
-    ("PATCH", "/tasks/t-1", {"due_at": 1_800_000_000}, "due_at"),
-]
-
-
-@pytest.mark.parametrize(("method", "target", "body", "field"), BAD_REQUESTS)
-def test_bad_requests_get_a_4xx_naming_the_field_and_write_nothing(
-    runtime, method, target, body, field
-):
-    status, error = call_api(runtime, method, target, body)
-    assert 400 <= status < 500, error
-    assert error["error"]["field"] == field and error["error"]["message"]
-    assert all_tasks() == []
 
 
 def test_a_reschedule_to_long_ago_is_refused_and_changes_nothing(runtime):

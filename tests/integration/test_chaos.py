@@ -1,32 +1,59 @@
 """Every chaos scenario, on small batches, as a regression test: nothing duplicated, early,
-lost or missing from the dead-letter queue. (`tocsin chaos` runs them at full size.)"""
+lost or missing from the dead-letter queue. (`tocsin chaos` runs them at full size.)
+
+Each scenario runs once per test process, at the size and seed its tests need: the tests
+that ask more of a scenario than its holes judge its same run (an xdist group keeps them
+on one process)."""
+
+import functools
+from typing import Any
 
 import pytest
 
 from tests.conftest import last_json
 from tocsin.cli import main
-from tocsin.local import chaos
-from tocsin.local.chaos import HOLES, SCENARIOS, run_scenario
+from tocsin.measure import chaos
+from tocsin.measure.chaos import HOLES, SCENARIOS, run_scenario
 
 ZERO = dict.fromkeys(HOLES, 0)
+RUNS = dict.fromkeys(SCENARIOS, (15, 3)) | {  # tasks and seed
+    "cancel-reschedule": (16, 3),
+    "executor-faults": (20, 5),
+    "ambiguous-writes": (12, 4),
+    "executor-timeouts": (9, 4),
+}
+AWS_FAULTS = "chaos-aws-faults"  # the two runs one test judges together
+GROUPS = {"ambiguous-writes": AWS_FAULTS, "executor-timeouts": AWS_FAULTS}
 
 
-@pytest.mark.parametrize("name", sorted(SCENARIOS))
+@functools.cache
+def result_of(name: str) -> dict[str, Any]:
+    tasks, seed = RUNS[name]
+    return run_scenario(name, tasks=tasks, seed=seed)
+
+
+def group(name: str) -> pytest.MarkDecorator:
+    return pytest.mark.xdist_group(GROUPS.get(name, f"chaos-{name}"))
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=group(n)) for n in sorted(SCENARIOS)])
 def test_scenario_loses_duplicates_and_hurries_nothing(name):
-    result = run_scenario(name, tasks=15, seed=3)
+    result = result_of(name)
     assert {k: result[k] for k in ZERO} == ZERO, result
     assert result["fired"] + result["failed_to_dlq"] + result["cancelled"] == result["tasks"] > 0
 
 
+@group("cancel-reschedule")
 def test_cancels_and_reschedules_race_the_claim_and_both_sides_win_sometimes():
-    result = run_scenario("cancel-reschedule", tasks=16, seed=3)
+    result = result_of("cancel-reschedule")
     assert result["cancelled_never_fired"] > 0
     assert result["refused_409_fired_once"] > 0
     assert {k: result[k] for k in ZERO} == ZERO, result
 
 
+@group("executor-faults")
 def test_faults_that_cannot_pass_end_in_the_dead_letter_queue():
-    result = run_scenario("executor-faults", tasks=20, seed=5)
+    result = result_of("executor-faults")
     assert result["failed_to_dlq"] == 2 and result["dlq_missing"] == 0
 
 
@@ -67,10 +94,11 @@ def test_chaos_command_refuses_too_few_tasks(capsys):
     assert refused.value.code == 2 and "--tasks" in capsys.readouterr().err
 
 
+@group("ambiguous-writes")
 def test_the_aws_faults_moto_does_not_show_really_happened():
-    ambiguous = run_scenario("ambiguous-writes", tasks=12, seed=4)
+    ambiguous = result_of("ambiguous-writes")
     assert ambiguous["committed_then_500"] > 0
-    timeouts = run_scenario("executor-timeouts", tasks=9, seed=4)
+    timeouts = result_of("executor-timeouts")
     assert timeouts["timed_out_invocations"] > 0
     for result in (ambiguous, timeouts):
         assert {k: result[k] for k in ZERO} == ZERO, result

@@ -19,7 +19,8 @@ import pytest
 from moto import mock_aws
 
 from tocsin.api import openapi_document
-from tocsin.local.runtime import PROCESS_ENVIRONMENT, STACK_NAME, create_stack, translate
+from tocsin.local.runtime import PROCESS_ENVIRONMENT
+from tocsin.local.stack import STACK_NAME, create_stack, translate
 
 BUILT = Path(__file__).parents[2] / ".aws-sam" / "build" / "template.yaml"
 TARGET_KEYS = [

@@ -29,7 +29,7 @@ from tests.conftest import (
 from tocsin import aws, clock
 from tocsin.executor import TableUnavailable
 from tocsin.index_keys import check_index_keys
-from tocsin.local.cost import transitions
+from tocsin.measure.cost import transitions
 from tocsin.settings import settings
 from tocsin.store import DUE_INDEX, TaskStore
 

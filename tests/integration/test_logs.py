@@ -17,7 +17,7 @@ import json, os, sys
 import boto3
 from tests.conftest import dead_letters, wait_for_status, webhook_task
 from tocsin import clock
-from tocsin.local.receiver import WebhookReceiver, allowing
+from tocsin.measure.receiver import WebhookReceiver, allowing
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.local.server import api_event
 from tocsin.settings import settings

@@ -29,7 +29,8 @@ from tests.integration.test_targets import (
     store_sample_task,
 )
 from tocsin import clock
-from tocsin.local.runtime import ACCOUNT_ID, REGION, scheduled_event
+from tocsin.local.runtime import scheduled_event
+from tocsin.local.stack import ACCOUNT_ID, REGION
 from tocsin.model import TaskStatus
 from tocsin.settings import settings
 from tocsin.store import TaskStore

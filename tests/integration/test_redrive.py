@@ -10,7 +10,7 @@ from tocsin import clock
 from tocsin.cli import main
 from tocsin.executor import TableUnavailable
 from tocsin.index_keys import SETTLE_AFTER_MS
-from tocsin.local.runtime import STACK_NAME
+from tocsin.local.stack import STACK_NAME
 from tocsin.reconcile import reconcile
 from tocsin.redrive import COPY, FAILED_AGAIN, IN_FLIGHT, redrive
 from tocsin.settings import settings

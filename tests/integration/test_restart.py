@@ -7,7 +7,6 @@ import boto3
 import pytest
 
 from tests.conftest import (
-    free_port,
     runtime_with,
     serve,
     stop,
@@ -76,16 +75,15 @@ def test_without_a_state_file_nothing_is_kept(tmp_path, receiver):
 
 
 def test_serve_keeps_tasks_across_a_restart(tmp_path):
-    state_file, port = tmp_path / "tocsin.json", free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = serve("--port", str(port), "--state", str(state_file))
+    state_file = tmp_path / "tocsin.json"
+    server, url = serve("--state", str(state_file))
     try:
         task = Client(url, principal="alice").submit(
             type="sns", target={"topic_arn": "arn:aws:sns:us-east-1:123456789012:t"}, delay=3600
         )
     finally:
         stop(server)
-    server = serve("--port", str(port), "--state", str(state_file))
+    server, url = serve("--state", str(state_file))
     try:
         assert Client(url, principal="alice").get(task.id) == task
     finally:
@@ -96,7 +94,7 @@ def test_serve_keeps_tasks_across_a_restart(tmp_path):
 def test_serve_refuses_a_state_file_it_cannot_read_and_leaves_it_alone(tmp_path, capsys, content):
     state_file = tmp_path / "tocsin.json"
     state_file.write_text(content)
-    assert main(["serve", "--port", str(free_port()), "--state", str(state_file)]) == 2
+    assert main(["serve", "--port", "0", "--state", str(state_file)]) == 2
     error = capsys.readouterr().err
     assert error.startswith("error: --state:") and str(state_file) in error
     assert state_file.read_text() == content

@@ -19,7 +19,6 @@ from tests.conftest import (
     all_schedules,
     all_tasks,
     call_api,
-    free_port,
     serve,
     stop,
     stored,
@@ -192,40 +191,6 @@ def test_a_failed_or_ambiguous_write_makes_no_task_twice_and_skips_none(
     assert int(all_schedules()[0]["occurrences"]) == len(dues)
 
 
-def test_bad_schedules_are_refused_naming_the_field_and_nothing_is_written(runtime):
-    now = clock.now_ms()
-    good = {
-        "expression": "rate(1 minute)",
-        "type": "sns",
-        "target": {"topic_arn": "arn:aws:sns:us-east-1:123456789012:alerts"},
-    }
-    cases = [
-        ({"expression": "cron(0 10 * * ?)"}, "expression", "needs 6"),
-        ({"expression": "rate(0 minutes)"}, "expression", "at least 1"),
-        ({"expression": "rate(5 fortnights)"}, "expression", "seconds, minutes"),
-        ({"timezone": "Mars/Olympus_Mons"}, "timezone", "IANA"),
-        (
-            {"start_at": clock.to_iso(now + 7_200_000), "end_at": clock.to_iso(now + 3_600_000)},
-            "end_at",
-            "after start_at",
-        ),
-        ({"expression": "at(2020-01-01T00:00:00)"}, "expression", "no occurrence"),
-        ({"catch_up": "all"}, "catch_up", ""),
-        ({"target": {"topic_arn": "nope"}}, "target.topic_arn", ""),
-        ({"id": "has.dot"}, "id", ""),
-        ({"start_at": 12345}, "start_at", "ISO-8601"),
-    ]
-    for change, field, says in cases:
-        status, reply = call_api(runtime, "POST", "/schedules", good | change)
-        assert status == 400, (change, reply)
-        assert reply["error"]["field"] == field and reply["error"]["code"] == "invalid_schedule"
-        assert says in reply["error"]["message"]
-    status, reply = call_api(runtime, "GET", "/schedules?next=garbage")
-    assert status == 400
-    assert (reply["error"]["field"], reply["error"]["code"]) == ("next", "invalid_schedule")
-    assert all_schedules() == [] and all_tasks() == []
-
-
 def test_each_owner_sees_only_their_schedules_and_occurrences(runtime, receiver):
     start = clock.now_ms() + 30_000
     call_api(runtime, "POST", "/schedules", every_two_seconds(receiver.url, start), "alice")
@@ -257,13 +222,12 @@ def test_sample_schedule_events_run_through_the_handler_in_order(runtime):
 
 
 def test_a_restart_of_serve_skips_or_fires_the_latest_missed_occurrence(tmp_path, receiver):
-    state_file, port = tmp_path / "tocsin.json", free_port()
-    url = f"http://127.0.0.1:{port}"
-    arguments = ["--port", str(port), "--state", str(state_file), "--allow-host", "127.0.0.1"]
+    state_file = tmp_path / "tocsin.json"
+    arguments = ["--state", str(state_file), "--allow-host", "127.0.0.1"]
     arguments += ["--lookahead", "6", "--finder-interval", "1"]
-    alice = Client(url, principal="alice")
-    server = serve(*arguments)
+    server, url = serve(*arguments)
     try:
+        alice = Client(url, principal="alice")
         start = clock.now_ms() + 2000
         for catch_up in ("skip", "latest"):
             alice.create_schedule(
@@ -274,8 +238,9 @@ def test_a_restart_of_serve_skips_or_fires_the_latest_missed_occurrence(tmp_path
     finally:
         stop(server)
     time.sleep(12)  # beyond the look-ahead: occurrences pass that are not tasks yet
-    server = serve(*arguments)
+    server, url = serve(*arguments)
     try:
+        alice = Client(url, principal="alice")
         assert receiver.wait_for(len(receiver.received()) + 4, timeout_s=20)
         schedules = {sid: alice.get_schedule(sid) for sid in ("skip", "latest")}
         tasks = {sid: list(alice.iter_tasks(schedule=sid)) for sid in ("skip", "latest")}

@@ -8,8 +8,8 @@ from botocore.exceptions import ClientError, EndpointConnectionError
 
 from tests.conftest import hooked, stored, wait_for_status, webhook_task
 from tocsin import aws, clock
-from tocsin.local.runtime import ACCOUNT_ID
 from tocsin.local.server import api_event
+from tocsin.local.stack import ACCOUNT_ID
 
 EVENTS = Path(__file__).parents[2] / "events"
 DAY_MS = 86_400_000

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import store_task, stored, wait_for_status
 from tocsin import clock
-from tocsin.local.runtime import ACCOUNT_ID, REGION
+from tocsin.local.stack import ACCOUNT_ID, REGION
 from tocsin.submit import submit_task
 
 EVENTS = Path(__file__).parents[2] / "events"
@@ -184,37 +184,6 @@ def test_sample_webhook_event_runs_through_its_executor(runtime, receiver):
     assert result == {"tasks": 1, "claimed": 1, "fired": 1}
     assert [json.loads(a.body) for a in receiver.received()] == [SAMPLE_PAYLOAD]
     assert json.loads(stored("sample-webhook")["result"]) == {"status": 200}
-
-
-def test_a_sample_event_whose_task_is_not_there_claims_nothing(runtime):
-    assert runtime.invoke("WebhookExecutorFunction", sample("webhook")) == {
-        "tasks": 1,
-        "claimed": 0,
-    }
-
-
-def test_generated_scheduled_event_runs_the_finder(runtime):
-    event = json.loads((EVENTS / "finder_scheduled.json").read_text())
-    assert runtime.invoke("FinderFunction", event) == {
-        "found": 0,
-        "started": 0,
-        "already_started": 0,
-        "throttled": 0,
-        "failed": 0,
-        "deferred": 0,
-        "backlog": 0,
-        "executions": 0,
-        "stuck": 0,
-        "requeued": 0,
-        "failed_stuck": 0,
-        "letters_sent": 0,
-        "letters_owed": 0,
-        "reconcile_faults": 0,
-        "reconcile_cut_short": 0,
-        "schedules_due": 0,
-        "occurrences_made": 0,
-        "schedule_errors": 0,
-    }
 
 
 def test_fifo_queue_deduplicates_on_the_idempotency_key(runtime):

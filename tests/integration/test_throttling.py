@@ -30,7 +30,7 @@ def pending_task(task_id: str, receiver_url: str) -> None:
     store_task(webhook_task(receiver_url, clock.now_ms() + 15_000, task_id))
 
 
-def test_throttled_starts_are_retried_with_backoff(runtime, receiver, monkeypatch):
+def test_throttled_starts_are_retried_with_backoff(runtime, receiver, monkeypatch, no_backoff):
     pending_task("busy", receiver.url)
     calls = throttle(monkeypatch, times=2)
     report = runtime.run_finder()
@@ -41,7 +41,7 @@ def test_throttled_starts_are_retried_with_backoff(runtime, receiver, monkeypatc
 
 
 def test_a_start_throttled_beyond_retries_stays_pending_for_the_next_run(
-    runtime, receiver, monkeypatch
+    runtime, receiver, monkeypatch, no_backoff
 ):
     pending_task("jammed", receiver.url)
     calls = throttle(monkeypatch, times=99)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tocsin.local.aws_burst import StartedBatch, judge, through_bucket
+from tocsin.measure.aws_burst import StartedBatch, judge, through_bucket
 
 DUE = 1_800_000_060.0
 

@@ -25,6 +25,7 @@ def body(text: str) -> list[str]:
     return [line for line in text.splitlines() if not line.startswith("#")]
 
 
+@pytest.mark.any_python
 @pytest.mark.parametrize("lock", LOCKS, ids=lambda lock: lock.name)
 def test_the_lock_is_what_pyproject_resolves_to(lock, tmp_path):
     """The command in the lock's header, run again on a copy: uv keeps the versions the
@@ -42,6 +43,7 @@ def test_the_lock_is_what_pyproject_resolves_to(lock, tmp_path):
     assert body(copy.read_text()) == body(lock.read_text()), "run `make lock` and commit"
 
 
+@pytest.mark.any_python
 def test_the_layer_and_the_venv_lock_the_same_versions():
     runtime, dev = (pins(lock) for lock in LOCKS)
     assert {name: dev[name] for name in runtime} == runtime

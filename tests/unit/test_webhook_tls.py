@@ -3,13 +3,13 @@
 import http.server
 import socket
 import ssl
-import threading
 import time
 
 import pytest
 import trustme
 
 from tocsin.errors import PermanentTargetError
+from tocsin.local.http_thread import serving_in_thread
 from tocsin.settings import settings
 from tocsin.targets.base import Delivery
 from tocsin.targets.webhook import WebhookTarget
@@ -49,13 +49,12 @@ def https_server(tmp_path, monkeypatch):
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     certificate.configure_cert(context)
     server.socket = context.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    # DNS stands in for the network: both names point at the local server.
-    port = server.server_port
-    answer = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
-    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: answer)
-    yield port, seen, connections
-    server.shutdown()
+    with serving_in_thread(server, "tls-peer"):
+        # DNS stands in for the network: both names point at the local server.
+        port = server.server_port
+        answer = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+        monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: answer)
+        yield port, seen, connections
     settings.cache_clear()
 
 

@@ -1,1 +1,2 @@
-"""Running Tocsin on a laptop: the embedded runtime on moto, a webhook receiver, the demo."""
+"""The embedded runtime: Tocsin's template, state machine and handlers on moto, on a laptop
+(`tocsin serve`, the tests). What measures Tocsin on it is in `tocsin.measure`."""

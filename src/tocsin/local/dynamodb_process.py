@@ -7,13 +7,17 @@ runtime's clients reach it through AWS_ENDPOINT_URL_DYNAMODB, botocore's own set
 handlers, Powertools and moto's state machine interpreter use it unchanged.
 
 The child answers with moto's own request handling, one request at a time, as
-DynamoDB's conditional writes are atomic. Two paths beside the API are the runtime's:
+DynamoDB's conditional writes are atomic. Three paths beside the API are the runtime's:
 `GET /_tocsin/usage` (requests by action, the write units they were billed, CPU seconds,
-peak memory) and
-`POST /_tocsin/faults` (a share of one action's requests refused, for `tocsin chaos`).
+peak memory), `POST /_tocsin/faults` (a share of one action's requests refused, for
+`tocsin chaos`) and `POST /_tocsin/reset` (every table, count and fault gone).
+
+A runtime's stop hands its child back emptied, and the next runtime of the same process
+takes it (a new child costs about a second of CPU to start moto): the tests start hundreds
+of runtimes, one after another, in each process. Each stack names its tables afresh, so a
+thread that a stopped runtime left behind finds no table of the next one's here.
 """
 
-import contextlib
 import json
 import random
 import resource
@@ -29,11 +33,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from tocsin.local.moto_patches import dynamodb_patches
+from tocsin.local.stack import ACCOUNT_ID, REGION
 from tocsin.local.write_units import WRITES, Metering
 
 DYNAMODB_URL = "https://dynamodb.us-east-1.amazonaws.com"
-ACCOUNT_ID, REGION = "123456789012", "us-east-1"  # moto's default account: the runtime's
-USAGE_PATH, FAULTS_PATH = "/_tocsin/usage", "/_tocsin/faults"
+
+USAGE_PATH, FAULTS_PATH, RESET_PATH = "/_tocsin/usage", "/_tocsin/faults", "/_tocsin/reset"
 ERROR_TYPE_PREFIX = "com.amazonaws.dynamodb.v20120810#"
 READY_TIMEOUT_S = 60.0
 _DATE: list[Any] = [0, ""]  # the second, and its Date header
@@ -70,6 +75,7 @@ class _Service:
     faults: dict[str, list[Fault]] = field(default_factory=dict)
     rng: random.Random = field(default_factory=random.Random)
     metering: Metering | None = None  # made with moto's backend, at the first request
+    cpu_s_before: float = 0.0  # the process's CPU seconds at the last reset
 
     def fault_for(self, action: str) -> Fault | None:
         """Under the lock: count the request, and pick the fault it meets, if any."""
@@ -90,13 +96,27 @@ class _Service:
         return self.metering
 
     def usage(self) -> dict[str, Any]:
+        """Since the last reset, but the peak memory: the process's own."""
         billed = dict(self.metering.billed) if self.metering else {}
+        own = process_usage()
         return {
             "requests": dict(self.requests),
             "write_units": billed,
             "injected": dict(self.injected),
-            **process_usage(),
+            "cpu_s": own["cpu_s"] - self.cpu_s_before,
+            "peak_memory_mb": own["peak_memory_mb"],
         }
+
+    def reset(self) -> None:
+        """Under the lock: as the child was when it started, but for moto's warm imports."""
+        from moto.dynamodb.models import dynamodb_backends
+
+        dynamodb_backends[ACCOUNT_ID][REGION].reset()
+        self.requests.clear()
+        self.injected.clear()
+        self.faults = {}
+        self.metering = None
+        self.cpu_s_before = process_usage()["cpu_s"]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -127,6 +147,10 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         if self.path == FAULTS_PATH:
             return self._set_faults(json.loads(body))
+        if self.path == RESET_PATH:
+            with self.service.lock:
+                self.service.reset()
+            return self._reply(200, {}, b"{}")
         action = self.headers.get("X-Amz-Target", "").rpartition(".")[2]
         request = AWSPreparedRequest(
             "POST", DYNAMODB_URL + self.path, dict(self.headers), body, stream_output=False
@@ -195,32 +219,42 @@ class _Server(ThreadingHTTPServer):
 
 
 def serve() -> None:
-    """The child's life: moto's DynamoDB on a free local port (printed), until stdin closes."""
+    """The child's life: moto's DynamoDB on a free local port (printed), until stdin closes
+    (the parent closes it at its stop, or by exiting); the process then ends with its
+    threads, requests under way or not, as a stopped service would."""
     from moto import mock_aws
 
     with mock_aws(), dynamodb_patches():
         server = _Server(("127.0.0.1", 0), _Handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         print(server.server_address[1], flush=True)
-        sys.stdin.read()  # the parent closes it at its stop, or by exiting
-        server.shutdown()
+        sys.stdin.read()
 
 
 # -- the parent -----------------------------------------------------------------------------
 
 
+# Children emptied at a runtime's stop, with their endpoints: the next runtime takes one.
+_idle: list[tuple[subprocess.Popen[str], str]] = []
+
+
+def _start_child(environment: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tocsin.local.dynamodb_process"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=environment,
+        text=True,
+    )
+
+
 class DynamoDBProcess:
-    """The child process, seen from the runtime: start, endpoint, tables, usage, stop."""
+    """The child process, seen from one runtime: taken (an idle child, else a new one),
+    endpoint, tables, usage, and handed back emptied at the runtime's stop."""
 
     def __init__(self, environment: dict[str, str]):
-        self._child = subprocess.Popen(
-            [sys.executable, "-m", "tocsin.local.dynamodb_process"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=environment,
-            text=True,
-        )
-        self.endpoint = ""
+        self._child, self.endpoint = _idle.pop() if _idle else (_start_child(environment), "")
+        self._handed_back = False
         self._last_usage: dict[str, Any] = {
             "requests": {},
             "write_units": {},
@@ -230,6 +264,8 @@ class DynamoDBProcess:
 
     def wait_until_ready(self) -> str:
         """The endpoint, once the child listens (it started while the parent built the rest)."""
+        if self.endpoint:
+            return self.endpoint
         assert self._child.stdout is not None
         ready = threading.Event()
         port: list[str] = []
@@ -269,7 +305,7 @@ class DynamoDBProcess:
     def usage(self) -> dict[str, Any]:
         """Requests by action, write units billed (`table`, `index`), CPU seconds and peak
         memory (MiB); at the stop, as they were."""
-        if self.endpoint and self._child.poll() is None:
+        if self.endpoint and not self._handed_back and self._child.poll() is None:
             with urllib.request.urlopen(self.endpoint + USAGE_PATH, timeout=10) as reply:
                 self._last_usage = json.loads(reply.read())
         return self._last_usage
@@ -277,16 +313,30 @@ class DynamoDBProcess:
     def set_faults(self, action: str, faults: list[Fault], seed: int) -> None:
         """From now on, `action` requests meet these faults at their shares (none: cleared)."""
         body = {"seed": seed, "actions": {action: [vars(fault) for fault in faults]}}
+        self._post(FAULTS_PATH, body)
+
+    def _post(self, path: str, body: dict[str, Any]) -> None:
         request = urllib.request.Request(
-            self.endpoint + FAULTS_PATH, data=json.dumps(body).encode(), method="POST"
+            self.endpoint + path, data=json.dumps(body).encode(), method="POST"
         )
         with urllib.request.urlopen(request, timeout=10):
             pass
 
-    def stop(self) -> None:
-        if self._child.poll() is None:
-            with contextlib.suppress(OSError):  # never got ready, or went down
-                self.usage()
+    def hand_back(self) -> None:
+        """This runtime is done with it: its usage kept, as `usage` answers from now on,
+        then emptied and left idle for the next runtime of this process (or stopped, if it
+        went down or cannot be emptied)."""
+        try:
+            self.wait_until_ready()
+            self.usage()
+            self._post(RESET_PATH, {})
+        except (OSError, RuntimeError):
+            self._stop()
+        else:
+            _idle.append((self._child, self.endpoint))
+        self._handed_back = True
+
+    def _stop(self) -> None:
         assert self._child.stdin is not None
         self._child.stdin.close()
         try:

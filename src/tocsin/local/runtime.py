@@ -37,18 +37,14 @@
 
 import gc
 import importlib.util
-import io
 import json
 import logging
 import math
 import os
-import secrets
-import string
 import sys
 import threading
 import time
 import warnings
-import zipfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -61,12 +57,14 @@ from tocsin.local import moto_patches, state
 from tocsin.local.dynamodb_process import DynamoDBProcess, process_usage
 from tocsin.local.gates_first import GatesFirst
 from tocsin.local.queues import QueueMapping, poll, take_over_mappings
-
-ACCOUNT_ID = "123456789012"
-REGION = "us-east-1"
-STACK_NAME = "tocsin"
-ARTIFACT_BUCKET = "tocsin-local-artifacts"
-ARTIFACT_KEY = "code.zip"
+from tocsin.local.stack import (
+    ACCOUNT_ID,
+    REGION,
+    STACK_NAME,
+    create_stack,
+    project_root,
+    translate,
+)
 
 # Local defaults: a quick finder so the demo shows both paths within a minute. One process
 # runs everything here (moto costs tens of ms of CPU per execution, under one GIL): a longer
@@ -103,14 +101,6 @@ log = logging.getLogger(__name__)
 
 def _drop_unsupported_resources(record: logging.LogRecord) -> bool:
     return not record.getMessage().startswith("No Moto CloudFormation support")
-
-
-def project_root() -> Path:
-    """The folder holding template.yaml: the working directory, else this checkout."""
-    for candidate in (Path.cwd(), Path(__file__).resolve().parents[3]):
-        if (candidate / "template.yaml").is_file():
-            return candidate
-    raise FileNotFoundError("template.yaml not found: run from the Tocsin project folder")
 
 
 @dataclass(frozen=True)
@@ -183,7 +173,7 @@ class EmbeddedRuntime:
     def _start(self) -> None:
         self._exits.enter_context(mock.patch.dict(os.environ, PROCESS_ENVIRONMENT))
         self.dynamodb = DynamoDBProcess(dict(os.environ))  # starts while the rest is built
-        self._exits.callback(self.dynamodb.stop)
+        self._exits.callback(self.dynamodb.hand_back)
         self._exits.enter_context(warnings.catch_warnings())
         warnings.filterwarnings("ignore", message="No application metrics to publish")
         warnings.filterwarnings("ignore", message="Tried to parse AWS::")
@@ -197,6 +187,7 @@ class EmbeddedRuntime:
 
         from moto import mock_aws
 
+        self._exits.enter_context(moto_patches.backends_released())
         self._exits.enter_context(
             mock_aws(config={"stepfunctions": {"execute_state_machine": True}})
         )
@@ -411,6 +402,7 @@ class EmbeddedRuntime:
                 events.remove_targets(Rule=rule["Name"], Ids=[t["Id"] for t in targets])
 
     def _patch_backends(self) -> None:
+        self._exits.enter_context(moto_patches.json_template_bodies())
         self._exits.enter_context(moto_patches.step_functions_patches(self._route_invoke))
         self._print_no_full_metric_sets()
 
@@ -539,84 +531,6 @@ class EmbeddedRuntime:
         aws.forget_clients()
 
 
-def translate(
-    template_path: Path, parameters: dict[str, str]
-) -> tuple[dict[str, Any], dict[str, Path]]:
-    """A SAM template (ours, or the one `sam build` writes) as CloudFormation moto can create,
-    and the code folder of each function. Code and layer point at one placeholder artifact;
-    the state machine's definition is inlined."""
-    import boto3
-    from samtranslator.public.translator import ManagedPolicyLoader
-    from samtranslator.translator.transform import transform
-    from samtranslator.yaml_helper import yaml_parse
-
-    # The translator records its own usage metrics and warns that nobody published them.
-    logging.getLogger("samtranslator.metrics.metrics").setLevel(logging.ERROR)
-    base = template_path.parent
-    template = yaml_parse(template_path.read_text())
-    code_dirs: dict[str, Path] = {}
-    artifact = f"s3://{ARTIFACT_BUCKET}/{ARTIFACT_KEY}"
-    for logical_id, resource in template["Resources"].items():
-        properties = resource.get("Properties", {})
-        if resource["Type"] == "AWS::Serverless::Function":
-            code_dirs[logical_id] = (base / properties["CodeUri"]).resolve()
-            properties["CodeUri"] = artifact
-        elif resource["Type"] == "AWS::Serverless::LayerVersion":
-            properties["ContentUri"] = artifact
-        elif resource["Type"] == "AWS::Serverless::StateMachine":
-            definition = (base / properties.pop("DefinitionUri")).read_text()
-            properties["Definition"] = json.loads(definition)
-    loader = ManagedPolicyLoader(boto3.client("iam"))
-    return _create_secrets(transform(template, dict(parameters), loader)), code_dirs
-
-
-def _create_secrets(template: dict[str, Any]) -> dict[str, Any]:
-    """moto's CloudFormation skips secrets: create them here, generated as Secrets Manager
-    does for `GenerateSecretString` without punctuation, and put their ARNs in place."""
-    import boto3
-
-    client = boto3.client("secretsmanager")
-    arns = {}
-    for logical_id, resource in list(template["Resources"].items()):
-        if resource["Type"] == "AWS::SecretsManager::Secret":
-            del template["Resources"][logical_id]
-            arns[logical_id] = client.create_secret(
-                Name=f"{STACK_NAME}-{logical_id}",
-                SecretString=_generated_secret(resource["Properties"]["GenerateSecretString"]),
-            )["ARN"]
-    return _replace_refs(template, arns)
-
-
-def _generated_secret(generate: dict[str, Any]) -> str:
-    assert generate.get("ExcludePunctuation"), "only letters and digits are generated here"
-    alphabet = string.ascii_letters + string.digits
-    return "".join(secrets.choice(alphabet) for _ in range(int(generate["PasswordLength"])))
-
-
-def create_stack(
-    template: dict[str, Any], parameters: dict[str, str]
-) -> tuple[Any, dict[str, Any]]:
-    """Create the translated template as a moto stack; the stack, and the state machine's
-    DefinitionSubstitutions (which moto ignores: the runtime applies them itself)."""
-    import boto3
-    from moto.cloudformation.models import cloudformation_backends
-
-    s3 = boto3.client("s3")
-    s3.create_bucket(Bucket=ARTIFACT_BUCKET)
-    s3.put_object(Bucket=ARTIFACT_BUCKET, Key=ARTIFACT_KEY, Body=_empty_zip())
-    substitutions: dict[str, Any] = {}
-    for resource in template["Resources"].values():
-        if resource["Type"] == "AWS::StepFunctions::StateMachine":
-            substitutions = resource["Properties"].pop("DefinitionSubstitutions", {})
-    boto3.client("cloudformation").create_stack(
-        StackName=STACK_NAME,
-        TemplateBody=json.dumps(template),
-        Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in parameters.items()],
-        Capabilities=["CAPABILITY_IAM", "CAPABILITY_AUTO_EXPAND"],
-    )
-    return cloudformation_backends[ACCOUNT_ID][REGION].get_stack(STACK_NAME), substitutions
-
-
 def scheduled_event() -> dict[str, Any]:
     """The event an EventBridge schedule sends the finder."""
     from tocsin import clock
@@ -634,23 +548,6 @@ def scheduled_event() -> dict[str, Any]:
     }
 
 
-def _replace_refs(value: Any, values: dict[str, str]) -> Any:
-    if isinstance(value, dict):
-        if set(value) == {"Ref"} and value["Ref"] in values:
-            return values[value["Ref"]]
-        return {key: _replace_refs(item, values) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_replace_refs(item, values) for item in value]
-    return value
-
-
 def _function_error(error_type: str, message: str) -> bytes:
     """A function error's payload, as Lambda answers it to Step Functions."""
     return json.dumps({"errorType": error_type, "errorMessage": message}).encode()
-
-
-def _empty_zip() -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        archive.writestr("app.py", "# the embedded runtime runs the handlers in-process\n")
-    return buffer.getvalue()

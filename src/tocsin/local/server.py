@@ -11,7 +11,6 @@ It also serves the API's OpenAPI document at /openapi.json and Swagger UI at /sw
 import base64
 import json
 import logging
-import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,7 +20,9 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from tocsin import clock
-from tocsin.local.runtime import ACCOUNT_ID, EmbeddedRuntime
+from tocsin.local.http_thread import serving_in_thread
+from tocsin.local.runtime import EmbeddedRuntime
+from tocsin.local.stack import ACCOUNT_ID
 
 log = logging.getLogger(__name__)
 PRINCIPAL_HEADER = "X-Tocsin-Principal"
@@ -159,11 +160,5 @@ def serving(runtime: EmbeddedRuntime, port: int = 0) -> Iterator[str]:
     handler = type("Handler", (_Handler,), {"runtime": runtime})
     server = ThreadingHTTPServer(("127.0.0.1", port), handler)
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, name="api-server", daemon=True)
-    thread.start()
-    try:
+    with serving_in_thread(server, "api-server"):
         yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()

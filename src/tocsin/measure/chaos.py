@@ -30,9 +30,9 @@ from moto.core.exceptions import JsonRESTError
 from tocsin import aws, clock
 from tocsin.executor import TableUnavailable
 from tocsin.local.dynamodb_process import Fault
-from tocsin.local.receiver import WebhookReceiver, allowing
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.local.server import api_event
+from tocsin.measure.receiver import WebhookReceiver, allowing
 from tocsin.settings import settings
 
 LEAD_IN_MS = 6000  # tasks fall due from this far ahead, so every path has room to run

@@ -33,17 +33,17 @@ from rich.progress import Progress
 
 from tocsin import aws, clock
 from tocsin.dispatch import Batch, DueTask, execution_arn, execution_input
-from tocsin.local.cost import billed_usage, transitions
-from tocsin.local.demo import (
+from tocsin.local.runtime import EmbeddedRuntime
+from tocsin.local.server import api_event
+from tocsin.measure.cost import billed_usage, transitions
+from tocsin.measure.demo import (
     PlannedTask,
     lateness_values,
     percentile,
     progress_bars,
     summarize,
 )
-from tocsin.local.receiver import ReceiverProcess, allowing
-from tocsin.local.runtime import EmbeddedRuntime
-from tocsin.local.server import api_event
+from tocsin.measure.receiver import ReceiverProcess, allowing
 from tocsin.model import TaskStatus, TaskType
 from tocsin.settings import settings
 
@@ -503,8 +503,8 @@ def throttled(bench: Bench) -> dict[str, Any]:
 def aws_burst(bench: Bench) -> dict[str, Any]:
     """50,000 tasks due within one second, dispatched by the real finder with AWS's
     defaults, against StartExecution's quota; what the executions would then need, judged
-    against AWS's other quotas (see tocsin.local.aws_burst). No execution runs."""
-    from tocsin.local.aws_burst import START_QUOTA, StartedBatch, judge
+    against AWS's other quotas (see tocsin.measure.aws_burst). No execution runs."""
+    from tocsin.measure.aws_burst import START_QUOTA, StartedBatch, judge
 
     tasks = bench.size(50_000)
     parameters = {"LookAheadSeconds": "180", "LeadMilliseconds": "2000", "WakesPerSecond": "300"}
@@ -546,8 +546,8 @@ def aws_burst(bench: Bench) -> dict[str, Any]:
 
 
 def cold_start(bench: Bench, rounds: int = 7) -> dict[str, Any]:
-    """Each function's init CPU beside a bare boto3 handler's (see tocsin.local.cold_start)."""
-    from tocsin.local import cold_start as init
+    """Each function's init CPU beside a bare boto3 handler's (see tocsin.measure.cold_start)."""
+    from tocsin.measure import cold_start as init
 
     inits = rounds * (1 + len(init.function_folders()))
     task = bench.progress.add_task("cold start", total=inits)
@@ -677,7 +677,7 @@ def print_report(results: dict[str, Any], console: Any) -> None:
 def _print_cold_start(figures: dict[str, Any], console: Any) -> None:
     from rich.table import Table
 
-    from tocsin.local.cold_start import BARE, executors_over
+    from tocsin.measure.cold_start import BARE, executors_over
 
     python = figures[BARE]["python"]
     table = Table(

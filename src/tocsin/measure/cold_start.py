@@ -11,6 +11,7 @@ machine's CPU, so that its compiled wheels load here.
 
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tocsin.local.runtime import project_root
+from tocsin.local.stack import project_root
 
 BARE = "BareBoto3Handler"
 BARE_SOURCE = """import boto3
@@ -75,12 +76,25 @@ def runtime_python() -> str:
     return found
 
 
+PACKAGE_FILES = ("pyproject.toml", "README.md", "src")
+
+
 def build_layer(into: Path) -> Path:
-    """The layer as `sam build` makes it, with wheels for this machine's CPU."""
+    """The layer as `sam build` makes it, with wheels for this machine's CPU, from a copy of
+    the package beside it (pip builds a folder in place: the checkout is left as it is)."""
+    package = into.parent / "package"
+    for name in PACKAGE_FILES:
+        source = project_root() / name
+        if source.is_dir():
+            shutil.copytree(source, package / name, ignore=shutil.ignore_patterns("*.egg-info"))
+        else:
+            package.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, package / name)
     _layer_make(
         "build-TocsinLayer",
         f"ARTIFACTS_DIR={into}",
         f"PLATFORM=manylinux2014_{platform.machine()}",
+        f"PACKAGE={package}",
     )
     return into / "python"
 

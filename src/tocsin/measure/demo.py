@@ -13,8 +13,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tocsin import clock
-from tocsin.local.receiver import Arrival, WebhookReceiver, allowing
 from tocsin.local.runtime import EmbeddedRuntime
+from tocsin.measure.receiver import Arrival, WebhookReceiver, allowing
 from tocsin.submit import submit_task
 
 # The first task is due after the demo has submitted them all: on AWS the callers do not share

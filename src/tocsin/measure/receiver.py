@@ -12,6 +12,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from tocsin import clock
+from tocsin.local.http_thread import stop_serving
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,7 @@ class WebhookReceiver:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        stop_serving(self._server, self._thread)
 
     def received(self) -> list[Arrival]:
         with self._lock:
@@ -151,7 +151,7 @@ class ReceiverProcess:
     """
 
     def __enter__(self) -> "ReceiverProcess":
-        command = [sys.executable, "-m", "tocsin.local.receiver"]
+        command = [sys.executable, "-m", "tocsin.measure.receiver"]
         self._process = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )

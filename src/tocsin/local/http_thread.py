@@ -1,0 +1,41 @@
+"""A local HTTP server on a thread of its own, stopped without waiting for its poll.
+
+`socketserver`'s `shutdown()` returns once `serve_forever` next looks at its flag, which it
+does between polls of the listening socket, every half second: each local server's stop
+(the API of `tocsin serve`, the webhook receiver, the DynamoDB process, a test's peer)
+waited that long. Here connections wake the loop until it has seen the flag.
+"""
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from socketserver import BaseServer
+
+WAKE_EVERY_S = 0.01
+
+
+def stop_serving(server: BaseServer, thread: threading.Thread) -> None:
+    """Stop `server`'s `serve_forever` on `thread` at once, then close its socket."""
+    if thread.is_alive():
+        stopping = threading.Thread(target=server.shutdown, name="http-stop", daemon=True)
+        stopping.start()
+        address = server.server_address[:2]
+        while stopping.is_alive():
+            with contextlib.suppress(OSError):  # a request without a line: answered by nothing
+                socket.create_connection(address, timeout=1).close()  # type: ignore[arg-type]
+            stopping.join(WAKE_EVERY_S)
+        thread.join()
+    server.server_close()
+
+
+@contextmanager
+def serving_in_thread(server: BaseServer, name: str) -> Iterator[BaseServer]:
+    """`server` answering on a daemon thread meanwhile; stopped at once afterwards."""
+    thread = threading.Thread(target=server.serve_forever, name=name, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        stop_serving(server, thread)
