@@ -75,6 +75,7 @@ def submit(runtime, body: dict) -> tuple[int, dict]:
     return reply["statusCode"], json.loads(reply["body"])
 
 
+@pytest.mark.slow
 def test_the_executor_refuses_a_name_that_resolves_inside(guarded, listener, monkeypatch):
     """The name passes the API (it is not an address); the executor resolves it, finds
     loopback, fails the task for good and never connects."""
@@ -87,6 +88,7 @@ def test_the_executor_refuses_a_name_that_resolves_inside(guarded, listener, mon
     assert listener.connections == 0
 
 
+@pytest.mark.slow
 def test_dns_rebound_after_the_check_does_not_reach_loopback(guarded, listener, monkeypatch):
     """DNS answers a public address for the check and loopback for every lookup after: the
     executor connects to the address it checked, so loopback is never offered a connection.
@@ -113,6 +115,7 @@ def test_dns_rebound_after_the_check_does_not_reach_loopback(guarded, listener, 
     assert stored("rebound")["status"] == "FAILED"
 
 
+@pytest.mark.slow
 def test_serve_allows_exactly_the_hosts_it_is_told(receiver):
     """`tocsin serve --allow-host 127.0.0.1:<port>` lets webhooks reach that receiver and
     no other port of the same host."""

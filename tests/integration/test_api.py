@@ -282,6 +282,7 @@ def test_generated_bad_bodies_get_a_4xx_and_leave_the_table_unchanged(runtime, b
     assert all_tasks() == []
 
 
+@pytest.mark.slow
 def test_a_cancelled_task_never_fires(runtime, receiver):
     due = clock.now_ms() + settings().lead_ms + 4000  # cancelled well before the wake
     status, task = call_api(runtime, "POST", "/tasks", webhook_task(receiver.url, due, "c-1"))
@@ -307,6 +308,7 @@ def test_cancel_or_reschedule_after_the_fire_is_a_conflict(runtime, receiver):
     assert task["lateness_ms"] >= 0 and task["fired_at"] >= task["due_at"]
 
 
+@pytest.mark.slow
 def test_cancel_racing_the_fire_gives_exactly_one_outcome(runtime, receiver):
     """Cancels land around the claim, which follows the wake of each task's execution (read
     from the execution's input): each task is either cancelled and never fired, or fired once
@@ -339,6 +341,7 @@ def test_cancel_racing_the_fire_gives_exactly_one_outcome(runtime, receiver):
     assert outcomes["race-0"] == 200 and outcomes[f"race-{len(offsets) - 1}"] == 409
 
 
+@pytest.mark.slow
 def test_reschedule_fires_the_new_version_at_the_new_time_only(runtime, receiver):
     now = clock.now_ms()
     # Due in 13 s: moto's Wait ends up to 2 s before the lead, 6 s on at the earliest,

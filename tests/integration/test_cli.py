@@ -5,7 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import last_json
+
+pytestmark = pytest.mark.slow  # each command starts a runtime in a process of its own
 
 ROOT = Path(__file__).parents[2]
 

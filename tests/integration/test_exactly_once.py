@@ -86,6 +86,7 @@ def _connection_lost(**_: object) -> None:
 MARKS_LOST = ("before-call.dynamodb.UpdateItem", _connection_lost)  # a finder dying after starts
 
 
+@pytest.mark.slow
 def test_finder_crash_between_start_and_mark_still_fires_once(runtime, receiver):
     ids = store_pending(receiver.url, 5, 15_000, "crash")  # no claim before the second run
     with hooked(tables(), MARKS_LOST), pytest.raises(EndpointConnectionError):
@@ -102,6 +103,7 @@ def test_finder_crash_between_start_and_mark_still_fires_once(runtime, receiver)
     assert {e.name for e in runtime.executions()} == started
 
 
+@pytest.mark.slow
 def test_a_crashed_run_repacked_with_a_newcomer_still_fires_each_task_once(runtime, receiver):
     """The finder starts a window's batch and dies before marking; a task due in the same
     window arrives; the next run packs the six into a new batch (a new name: a second
@@ -285,6 +287,7 @@ def test_an_idempotency_store_failure_neither_fails_nor_repeats_the_delivery(
     assert [a.task_id for a in receiver.received()] == ids
 
 
+@pytest.mark.slow
 def test_a_dense_window_fires_from_one_execution_each_task_at_its_millisecond(runtime, receiver):
     """Thirty tasks due within one second: one execution, two states, thirty gates."""
     window = (clock.now_ms() // 1000 + 9) * 1000  # a second boundary, past the local lead
@@ -304,6 +307,7 @@ def test_a_dense_window_fires_from_one_execution_each_task_at_its_millisecond(ru
     assert transitions(execution.execution_arn) == 2
 
 
+@pytest.mark.slow
 def test_a_retried_invocation_is_billed_as_a_transition_and_fires_once(runtime, receiver):
     """Fire's first invocation fails as a whole (the table was unavailable for its claims):
     Step Functions retries it, bills the retry as a transition, and the task fires once."""
@@ -325,6 +329,7 @@ def test_a_retried_invocation_is_billed_as_a_transition_and_fires_once(runtime, 
     assert transitions(execution.execution_arn) == 3  # Wait, Fire, and Fire's retry
 
 
+@pytest.mark.slow
 def test_crowded_seconds_wake_staggered_and_still_fire_once_on_time(receiver):
     """Forty tasks due within 1.5 s in batches of two: the finder spreads the batches' wakes
     over the seconds before (the local runtime wakes at most 15 a second), so only the

@@ -49,6 +49,7 @@ def test_task_due_inside_look_ahead_is_started_at_submit(runtime, receiver):
     # will not start it again; in a check shard until it is settled
 
 
+@pytest.mark.slow
 def test_task_due_beyond_look_ahead_is_started_by_the_finder(receiver):
     with runtime_with({"LookAheadSeconds": "5"}) as rt:
         due = clock.now_ms() + 9000  # 4 s beyond the look-ahead: the first run misses it
@@ -145,6 +146,7 @@ def test_the_largest_payload_that_grows_when_escaped_fires_and_never_enters_the_
     assert len(given) < 1024 and largest < 4096
 
 
+@pytest.mark.slow
 def test_a_hanging_target_holds_up_no_other_task_of_its_batch(runtime, receiver):
     """Two tasks in one batch, the first one's receiver hanging: the second still fires at
     its own millisecond, while the first one's request is still unanswered."""

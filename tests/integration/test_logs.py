@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # each case starts a runtime in a process of its own
+
 PAYLOAD_MARK = "card-4111-1111-1111-1111"
 HEADER_MARK = "Bearer-token-do-not-log"
 SCRIPT = """

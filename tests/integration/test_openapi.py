@@ -18,6 +18,8 @@ from tocsin.api import openapi_document
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.local.server import PRINCIPAL_HEADER, serving
 
+pytestmark = pytest.mark.slow  # schemathesis sends up to 100 requests an operation
+
 DOCUMENT = Path(__file__).parents[2] / "docs" / "openapi.json"
 schema = schemathesis.openapi.from_path(DOCUMENT)
 

@@ -33,6 +33,7 @@ def past_check_time(task_id: str) -> int:
     return int(stored(task_id)["due_ms"]) + SETTLE_AFTER_MS + 1
 
 
+@pytest.mark.slow
 def test_a_task_whose_execution_ended_before_its_claim_is_requeued_and_fires_once(
     runtime, receiver
 ):

@@ -4,6 +4,7 @@ import json
 from unittest import mock
 
 import boto3
+import pytest
 
 from tests.conftest import store_task, stored, wait_for_status, webhook_task
 from tocsin import clock
@@ -87,6 +88,7 @@ def test_a_copy_of_a_dead_letter_is_deleted_as_a_copy(runtime, receiver):
     assert (left["task_id"], left["version"]) == ("twice", 2)  # only the new version's letter
 
 
+@pytest.mark.slow
 def test_a_batch_whose_invocation_fails_for_good_is_dead_lettered_and_settled(runtime, receiver):
     """Every invocation of the batch's executor fails as a whole: Fire retries, then the
     batch and its error go to the dead-letter queue and the execution fails. The letter

@@ -29,6 +29,7 @@ def secret() -> str:
     return client.get_secret_value(SecretId=settings().webhook_secret_arn)["SecretString"]
 
 
+@pytest.mark.slow
 def test_a_restart_fires_every_task_once_whatever_state_it_was_in(tmp_path, receiver):
     state_file = tmp_path / "state.json"
     # at the stop, 4.6 s in: fired; in its gate; waking later (moto's Wait can end up to 2 s
@@ -74,6 +75,7 @@ def test_without_a_state_file_nothing_is_kept(tmp_path, receiver):
         assert table.scan()["Items"] == []
 
 
+@pytest.mark.slow
 def test_serve_keeps_tasks_across_a_restart(tmp_path):
     state_file = tmp_path / "tocsin.json"
     server, url = serve("--state", str(state_file))

@@ -53,6 +53,7 @@ def occurrences(runtime, schedule_id: str, principal: str = "alice") -> list[dic
     return page["tasks"]
 
 
+@pytest.mark.slow
 def test_a_rate_fires_each_occurrence_once_never_early_at_its_millisecond(runtime, receiver):
     start = clock.now_ms() + 6000  # still ahead when the reply says when it is next
     status, schedule = call_api(
@@ -77,6 +78,7 @@ def test_a_rate_fires_each_occurrence_once_never_early_at_its_millisecond(runtim
     assert read["last_fired_at"] is not None and read["occurrences"] >= 4
 
 
+@pytest.mark.slow
 def test_edit_pause_resume_and_delete_act_on_occurrences_already_tasks(runtime, receiver):
     start = clock.now_ms() + 10_000  # the first wakes 3 s on at the earliest: after the PATCH
     call_api(runtime, "POST", "/schedules", every_two_seconds(receiver.url, start))
@@ -221,6 +223,7 @@ def test_sample_schedule_events_run_through_the_handler_in_order(runtime):
     assert replies["delete"][0] == 200 and all_schedules() == []
 
 
+@pytest.mark.slow
 def test_a_restart_of_serve_skips_or_fires_the_latest_missed_occurrence(tmp_path, receiver):
     state_file = tmp_path / "tocsin.json"
     arguments = ["--state", str(state_file), "--allow-host", "127.0.0.1"]
@@ -265,6 +268,7 @@ def test_a_restart_of_serve_skips_or_fires_the_latest_missed_occurrence(tmp_path
             assert caught_up[0].lateness_ms is not None and caught_up[0].lateness_ms > 1000
 
 
+@pytest.mark.slow
 def test_an_at_schedule_fires_once_then_is_completed(runtime, receiver):
     due = clock.now_ms() + 6000
     wall = clock.to_datetime(due).astimezone(ZoneInfo("Asia/Kolkata")).replace(tzinfo=None)

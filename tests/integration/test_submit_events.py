@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import boto3
+import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 
 from tests.conftest import hooked, stored, wait_for_status, webhook_task
@@ -83,6 +84,7 @@ def test_messages_sent_to_the_queue_are_scheduled(runtime):
     assert message["MessageAttributes"]["error_field"]["StringValue"] == "body"
 
 
+@pytest.mark.slow
 def test_a_queued_batch_due_soon_starts_packed_and_fires_each_task_once(runtime, receiver):
     """Six messages of one batch, due within the look-ahead in one second: stored, then
     started together as one execution (the finder's packing), not one each."""
@@ -101,6 +103,7 @@ def test_a_queued_batch_due_soon_starts_packed_and_fires_each_task_once(runtime,
     assert sorted(a.task_id for a in receiver.received()) == ids
 
 
+@pytest.mark.slow
 def test_a_queued_batch_whose_marks_fail_is_kept_and_fires_once(runtime, receiver):
     """The batch is stored and its execution started, but the marks are refused: the
     messages are not delivered again (their tasks are stored), and each task fires once,
