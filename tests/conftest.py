@@ -29,15 +29,26 @@ from tocsin.submit import new_item
 LOOPBACK_ALLOWED = {"WebhookAllowedHosts": "127.0.0.1"}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """schemathesis 4.32 makes each operation's test with the function's own name as its
-    original name, and pytest 9 builds a test's node id from that: every operation got the
-    same id (only its name holds the operation). pytest-xdist tells tests apart by node id,
-    so it ran one operation of eleven: each test gets the node id its name makes."""
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Node ids as pytest 9.2 keeps them (`_id`), for two plugins that write them as before:
+    - schemathesis 4.32 makes each operation's test with the function's name as its
+      original name, which pytest 9.2 builds the node id from: the eleven operations had
+      one id, and pytest-xdist, which tells tests apart by id, ran one of them;
+    - pytest-xdist 3.8 tells a test's worker group (`xdist_group`) by a suffix it writes to
+      `_nodeid`, which pytest 9.2 no longer reads: `--dist loadgroup` spread every group
+      (pytest-xdist issue 1386). The suffix is written where pytest reads it."""
+    grouping = getattr(config.option, "loadgroup", False)
     for item in items:
-        module, _, name = item.nodeid.rpartition("::")
-        if name.partition("[")[0] == item.name.partition("[")[0] and name != item.name:
-            item._id = type(item._id).parse(f"{module}::{item.name}")
+        nodeid = item.nodeid
+        module, _, name = nodeid.rpartition("::")
+        if "[" in item.name and "[" not in name:
+            nodeid = f"{module}::{item.name}"
+        groups = sorted({str(mark.args[0]) for mark in item.iter_markers("xdist_group")})
+        if grouping and groups and "@" not in nodeid.rpartition("]")[2]:
+            nodeid = f"{nodeid}@{'_'.join(groups)}"
+        if nodeid != item.nodeid:
+            item._id = type(item._id).parse(nodeid)
 
 
 def runtime_with(parameters: dict[str, str] | None = None, **options: Any) -> EmbeddedRuntime:

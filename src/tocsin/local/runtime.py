@@ -47,7 +47,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,6 +90,11 @@ PROCESS_ENVIRONMENT = {
     "TOCSIN_SDK_READ_TIMEOUT_SECONDS": "60",
 }
 
+# Lambda runs each invocation in an environment of its own; here a function's invocations
+# share its module. The API's resolver (Powertools) keeps the request it is answering on
+# itself, so its invocations take turns (two at once answered one with the other's route:
+# KeyError '_route'); the executors' invocations must overlap, as their gates do on AWS.
+ONE_AT_A_TIME = {"ApiFunction"}
 QUEUE_POLL_INTERVAL_S = 1.0
 # Collect the young generation every 10,000 new objects instead of 700: moto allocates
 # heavily, and most of what survives a collection is the services' state, not garbage.
@@ -153,6 +158,7 @@ class EmbeddedRuntime:
         self._invoking = 0  # Lambda invocations under way for executions
         self._invocations_done = threading.Condition()
         self._stopped = False
+        self._turns = {logical_id: threading.Lock() for logical_id in ONE_AT_A_TIME}
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -255,7 +261,8 @@ class EmbeddedRuntime:
         context = LocalLambdaContext(function.name, function.arn, function.timeout_s)
         started = time.perf_counter()
         try:
-            return function.handler(event, context)
+            with self._turns.get(logical_id, nullcontext()):
+                return function.handler(event, context)
         finally:
             self.usage[logical_id, "invocations"] += 1
             self.usage[logical_id, "ms"] += math.ceil((time.perf_counter() - started) * 1000)

@@ -451,7 +451,8 @@ def restart(trial: Trial, tasks: int) -> None:
 
 
 def duplicate_submissions(trial: Trial, tasks: int) -> None:
-    """Five clients submit the same ids with the same bodies, all at once."""
+    """Five clients submit the same ids with the same bodies, all at once (their requests
+    take turns in the API's one environment: `runtime.ONE_AT_A_TIME`)."""
     plan = trial.plan(max(1, tasks // 5), "dup")
     barrier = threading.Barrier(5)
     created: Counter[str] = Counter()
