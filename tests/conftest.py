@@ -21,7 +21,7 @@ from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.local.server import api_event
 from tocsin.measure.receiver import WebhookReceiver
 from tocsin.settings import settings
-from tocsin.store import TaskStore
+from tocsin.store import Claim, Holder, TaskStore
 from tocsin.submit import new_item
 
 # The tests' receivers listen on loopback, each on a port of its own: allow the host, as an
@@ -132,6 +132,18 @@ def store_task(body: dict[str, Any], owner: str = "alice", submitted_ms: int | N
     submitted at `submitted_ms` (now by default; earlier for a due time now refused)."""
     submitted = clock.now_ms() if submitted_ms is None else submitted_ms
     TaskStore(settings().tasks_table).create(new_item(body, owner, submitted, settings()))
+
+
+TEST_ATTEMPT = "attempt-1"  # the invocation a test claims as
+
+
+def claim_as(execution: str, task_id: str, check: dict[str, Any] | None = None) -> Claim:
+    """`execution` claims the task's first version as its executor would, in an invocation
+    that has a minute left; `check` the index keys it moves to (the first check shard)."""
+    store = TaskStore(settings().tasks_table)
+    holder = Holder(execution, TEST_ATTEMPT, clock.now_ms() + 60_000)
+    keys = check or {"gsi_pk": "check-0", "gsi_due_ms": 0}
+    return store.claim(task_id, 1, holder, clock.now_ms(), keys)
 
 
 def store_pending(

@@ -54,7 +54,7 @@ from tocsin.model import (
 )
 from tocsin.observability import logger, metrics
 from tocsin.settings import settings
-from tocsin.store import TaskStore
+from tocsin.store import Claim, Holder, TaskStore
 from tocsin.targets import TARGETS, Delivery, Target, parse_target
 
 idempotency_config = IdempotencyConfig(
@@ -265,31 +265,37 @@ def _may_pass(fault: Exception) -> bool:
 
 
 def claim_batch(
-    store: TaskStore, batch: BatchEvent, deadline_ms: int
-) -> list[tuple[BatchTask, ClaimedTask | Failed]]:
-    """Claim every task of the batch at once; the ones this execution holds now."""
+    store: TaskStore, batch: BatchEvent, holder: Holder, deadline_ms: int
+) -> tuple[list[tuple[BatchTask, ClaimedTask | Failed]], list[str]]:
+    """Claim every task of the batch at once: the ones this attempt holds now, and the ids
+    a live attempt of this execution holds (it is sending them: `DeliveryInProgress`)."""
     config = settings()
 
-    def claim(asked: BatchTask) -> dict[str, Any] | None:
+    def claim(asked: BatchTask) -> Claim:
         check = check_index_keys(asked.task_id, asked.due_ms, config)
         return written(
             asked.task_id,
             deadline_ms,
-            lambda: store.claim(asked.task_id, asked.version, batch.execution, check),
+            lambda: store.claim(asked.task_id, asked.version, holder, clock.now_ms(), check),
         )
 
     with ThreadPoolExecutor(max_workers=min(CLAIM_WORKERS, len(batch.tasks))) as pool:
-        items = list(pool.map(claim, batch.tasks))
-    return [
-        (asked, _claimed(item, asked, batch.task_type))
-        for asked, item in zip(batch.tasks, items, strict=True)
-        if item is not None
+        claims = list(pool.map(claim, batch.tasks))
+    held = [
+        (asked, _claimed(claim.before, asked, batch.task_type))
+        for asked, claim in zip(batch.tasks, claims, strict=True)
+        if claim.before is not None
     ]
+    elsewhere = [
+        asked.task_id for asked, claim in zip(batch.tasks, claims, strict=True) if claim.in_progress
+    ]
+    return held, elsewhere
 
 
 def _finish(
     store: TaskStore,
     batch: BatchEvent,
+    holder: Holder,
     asked: BatchTask,
     outcome: Fired | Failed,
     deadline_ms: int,
@@ -311,7 +317,7 @@ def _finish(
     finished = written(
         asked.task_id,
         deadline_ms,
-        lambda: store.finish(asked.task_id, asked.version, status, fields),
+        lambda: store.finish(asked.task_id, asked.version, holder.attempt, status, fields),
     )
     if isinstance(outcome, Failed) and finished:
         send_letter(store, asked.task_id, asked.version, batch.task_type, batch.execution, error)
@@ -319,9 +325,13 @@ def _finish(
 
 
 def execute(
-    event: dict[str, Any], expected_type: TaskType, remaining_ms: Callable[[], int]
+    event: dict[str, Any],
+    expected_type: TaskType,
+    remaining_ms: Callable[[], int],
+    attempt: str,
 ) -> dict[str, int]:
-    """Claim, fire and finish every task of the batch; counts of what happened."""
+    """Claim, fire and finish every task of the batch, as the invocation `attempt`; counts
+    of what happened."""
     batch = BatchEvent.model_validate(event)
     if batch.task_type is not expected_type:
         raise ValueError(f"a {batch.task_type} batch reached the {expected_type} executor")
@@ -329,12 +339,14 @@ def execute(
     began_ms = clock.now_ms()
     ends_ms = began_ms + remaining_ms()
     deadline_ms = ends_ms - FINISH_MARGIN_MS
-    claimed = claim_batch(store, batch, began_ms + (deadline_ms - began_ms) // CLAIMS_SHARE)
+    holder = Holder(batch.execution, attempt, lease_until_ms=ends_ms)
+    claims_by_ms = began_ms + (deadline_ms - began_ms) // CLAIMS_SHARE
+    claimed, in_progress = claim_batch(store, batch, holder, claims_by_ms)
 
     def run(pair: tuple[BatchTask, ClaimedTask | Failed]) -> tuple[Fired | Failed, bool]:
         asked, task = pair
         outcome = task if isinstance(task, Failed) else fire(task, deadline_ms)
-        return outcome, _finish(store, batch, asked, outcome, ends_ms - MARK_MARGIN_MS)
+        return outcome, _finish(store, batch, holder, asked, outcome, ends_ms - MARK_MARGIN_MS)
 
     counts = Counter(tasks=len(batch.tasks), claimed=len(claimed))
     if claimed:
@@ -345,6 +357,8 @@ def execute(
             if not recorded:  # the task changed under the claim: only an operator's hand can
                 counts["unrecorded"] += 1
                 logger.warning("outcome not recorded: the task changed", task_id=asked.task_id)
+    if in_progress:  # the rest is done; the retry takes these over once that attempt ended
+        raise DeliveryInProgress(", ".join(in_progress))
     return dict(counts)
 
 
@@ -373,6 +387,8 @@ def executor_handler(task_type: TaskType) -> Callable[[dict[str, Any], LambdaCon
     @metrics.log_metrics
     def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, int]:
         idempotency_config.register_lambda_context(context)
-        return execute(event, task_type, context.get_remaining_time_in_millis)
+        return execute(
+            event, task_type, context.get_remaining_time_in_millis, context.aws_request_id
+        )
 
     return handler

@@ -8,6 +8,7 @@ table could swap each other's names mid-build (a finder query once named the wro
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -38,6 +39,27 @@ BUSY = "the tasks table is busy: send the same request again"
 UNPROCESSED_TRIES = 5  # BatchGetItem calls for one page of tasks, the first included
 UNPROCESSED_BACKOFF_S = 0.05  # before the second; doubled before each next
 STATUS_AND_VERSION = {"#s": "status", "#v": "version"}
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who claims a task: the execution, its invocation (the attempt: Lambda's request id)
+    and the invocation's end, when the attempt is gone and its lease with it."""
+
+    execution: str
+    attempt: str
+    lease_until_ms: int
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claim's answer: the task as it was before (None: not claimed); whether a live
+    attempt of the same execution holds it; whether it was taken over from an earlier
+    attempt of this execution (which may have sent it)."""
+
+    before: dict[str, Any] | None
+    in_progress: bool = False
+    taken_over: bool = False
 
 
 class TaskStore:
@@ -252,50 +274,79 @@ class TaskStore:
         )
 
     def claim(
-        self, task_id: str, version: int, execution: str, check_keys: dict[str, Any]
-    ) -> dict[str, Any] | None:
-        """The exactly-once lock: move one version to RUNNING for `execution`; the item, or
-        None if another execution holds it or it changed (cancelled, rescheduled, done).
+        self, task_id: str, version: int, holder: "Holder", now_ms: int, check: dict[str, Any]
+    ) -> "Claim":
+        """The exactly-once lock: one version to RUNNING for `holder`, the task as it was.
 
-        The execution that holds the claim may claim again: a retried invocation, or a
-        retried write whose first try committed unseen, takes back what it holds.
+        An execution holds a task until the end of the attempt that claimed it (its lease):
+        a retried write of that attempt finds its own claim, and a later attempt of the same
+        execution (Fire's retry) takes the task over once the lease has run out or been
+        released. Refused: held by another execution, changed (cancelled, rescheduled,
+        done), or held by a live attempt of this execution (`Claim.in_progress`).
         """
-        return self._update(
-            task_id,
-            "SET #s = :running, claimed_by = :execution, gsi_pk = :pk, gsi_due_ms = :check",
-            "#v = :v AND (#s IN (:pending, :scheduled) "
-            "OR (#s = :running AND claimed_by = :execution))",
-            {
-                ":running": TaskStatus.RUNNING.value,
-                ":pending": TaskStatus.PENDING.value,
-                ":scheduled": TaskStatus.SCHEDULED.value,
-                ":execution": execution,
-                ":v": version,
-                ":pk": check_keys["gsi_pk"],
-                ":check": check_keys["gsi_due_ms"],
-            },
-            returning="ALL_NEW",
+        try:
+            reply = self._table.update_item(
+                Key={"task_id": task_id},
+                UpdateExpression="SET #s = :running, claimed_by = :execution, attempt = :attempt, "
+                "lease_until = :lease, gsi_pk = :pk, gsi_due_ms = :check",
+                ConditionExpression="#v = :v AND (#s IN (:pending, :scheduled) OR (#s = :running "
+                "AND claimed_by = :execution AND (attempt = :attempt OR lease_until < :now)))",
+                ExpressionAttributeNames=STATUS_AND_VERSION,
+                ExpressionAttributeValues={
+                    ":running": TaskStatus.RUNNING.value,
+                    ":pending": TaskStatus.PENDING.value,
+                    ":scheduled": TaskStatus.SCHEDULED.value,
+                    ":execution": holder.execution,
+                    ":attempt": holder.attempt,
+                    ":lease": holder.lease_until_ms,
+                    ":now": now_ms,
+                    ":v": version,
+                    ":pk": check["gsi_pk"],
+                    ":check": check["gsi_due_ms"],
+                },
+                ReturnValues="ALL_OLD",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except self._conditional_failed as refused:
+            old = refused.response.get("Item", {})
+            held_here = (
+                old.get("status", {}).get("S") == TaskStatus.RUNNING.value
+                and old.get("claimed_by", {}).get("S") == holder.execution
+                and old.get("version", {}).get("N") == str(version)
+            )
+            return Claim(None, in_progress=held_here)
+        before = reply.get("Attributes", {})
+        taken_over = before.get("status") == TaskStatus.RUNNING.value and (
+            before.get("attempt") != holder.attempt
         )
+        return Claim(before, taken_over=taken_over)
 
     def finish(
-        self, task_id: str, version: int, status: TaskStatus, fields: dict[str, Any]
+        self,
+        task_id: str,
+        version: int,
+        attempt: str,
+        status: TaskStatus,
+        fields: dict[str, Any],
     ) -> bool:
-        """A claimed version's end: SUCCEEDED or FAILED with `fields`. True when it is so now,
-        also when a retried write finds its own first try committed; False if the task
-        changed under the claim (it cannot, short of an operator's hand). A FAILED task's
-        `fields` hold the index keys it waits at until its letter is sent (`letter_sent`)."""
+        """A claimed version's end, by the attempt that holds it: SUCCEEDED or FAILED with
+        `fields`. True when it is so now, also when a retried write finds its own first try
+        committed; False if the task is no longer this attempt's (it changed under the claim,
+        or a later attempt took it over). A FAILED task's `fields` hold the index keys it
+        waits at until its letter is sent (`letter_sent`)."""
         names, values, sets = _assignments(fields, "f")
         leaves = "" if "gsi_pk" in fields else " REMOVE gsi_pk, gsi_due_ms"
         try:
             self._table.update_item(
                 Key={"task_id": task_id},
                 UpdateExpression=f"SET #s = :status, {sets}{leaves}",
-                ConditionExpression="#s = :running AND #v = :v",
+                ConditionExpression="#s = :running AND #v = :v AND attempt = :attempt",
                 ExpressionAttributeNames={**STATUS_AND_VERSION, **names},
                 ExpressionAttributeValues={
                     ":status": status.value,
                     ":running": TaskStatus.RUNNING.value,
                     ":v": version,
+                    ":attempt": attempt,
                     **values,
                 },
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
@@ -315,7 +366,7 @@ class TaskStore:
             task_id,
             "SET #v = :next, #s = :pending, attempts = :zero, updated_at = :now, "
             "gsi_pk = :pk, gsi_due_ms = :due "
-            "REMOVE #e, expires_at, execution_arn, claimed_by, requeues",
+            "REMOVE #e, expires_at, execution_arn, claimed_by, attempt, lease_until, requeues",
             "#s = :failed AND #v = :v",
             {
                 ":next": version + 1,
@@ -340,7 +391,7 @@ class TaskStore:
         return self._update(
             task_id,
             "SET #s = :pending, requeues = :next, updated_at = :now, gsi_pk = :pk, "
-            "gsi_due_ms = :due REMOVE execution_arn, claimed_by",
+            "gsi_due_ms = :due REMOVE execution_arn, claimed_by, attempt, lease_until",
             "#s IN (:scheduled, :running) AND #v = :v AND "
             "(attribute_not_exists(requeues) OR requeues = :seen)",
             {

@@ -16,6 +16,7 @@ from moto.core.botocore_stubber import MockRawResponse
 
 from tests.conftest import (
     batch_event,
+    claim_as,
     dead_letters,
     hooked,
     http_server,
@@ -27,11 +28,11 @@ from tests.conftest import (
     webhook_task,
 )
 from tocsin import aws, clock
-from tocsin.executor import TableUnavailable
+from tocsin.executor import DeliveryInProgress, TableUnavailable
 from tocsin.index_keys import check_index_keys
 from tocsin.measure.cost import transitions
 from tocsin.settings import settings
-from tocsin.store import DUE_INDEX, TaskStore
+from tocsin.store import DUE_INDEX, Claim, TaskStore
 
 
 def test_two_finders_at_once_fire_each_task_once(runtime, receiver):
@@ -180,10 +181,10 @@ def test_a_retried_invocation_takes_back_its_claim_and_does_not_act_again(runtim
     first = runtime.invoke("WebhookExecutorFunction", event)
     fired = stored(ids[0])
     TaskStore(settings().tasks_table)._table.update_item(  # as if the first mark were lost
-        Key={"task_id": ids[0]},
-        UpdateExpression="SET #s = :running REMOVE fired_at",
+        Key={"task_id": ids[0]},  # and its invocation had ended, its lease released
+        UpdateExpression="SET #s = :running, lease_until = :gone REMOVE fired_at",
         ExpressionAttributeNames={"#s": "status"},
-        ExpressionAttributeValues={":running": "RUNNING"},
+        ExpressionAttributeValues={":running": "RUNNING", ":gone": 0},
     )
     second = runtime.invoke("WebhookExecutorFunction", event)
     assert first == second == {"tasks": 1, "claimed": 1, "fired": 1}
@@ -193,11 +194,12 @@ def test_a_retried_invocation_takes_back_its_claim_and_does_not_act_again(runtim
 
 def test_another_execution_cannot_claim_a_held_task(runtime, receiver):
     ids = store_pending(receiver.url, 1, -1000, "held")
-    store = TaskStore(settings().tasks_table)
     check = check_index_keys(ids[0], int(stored(ids[0])["due_ms"]), settings())
-    assert store.claim(ids[0], 1, "arn:execution:first", check)["status"] == "RUNNING"
-    assert store.claim(ids[0], 1, "arn:execution:first", check) is not None  # its holder
-    assert store.claim(ids[0], 1, "arn:execution:second", check) is None
+    assert claim_as("arn:execution:first", ids[0], check).before["status"] == "PENDING"
+    assert stored(ids[0])["status"] == "RUNNING"
+    again = claim_as("arn:execution:first", ids[0], check)  # its own write, tried again
+    assert again.before["status"] == "RUNNING" and not again.taken_over
+    assert claim_as("arn:execution:second", ids[0], check) == Claim(None)
     other = runtime.invoke("WebhookExecutorFunction", batch_event(ids[0], "arn:execution:second"))
     assert other == {"tasks": 1, "claimed": 0}
     assert receiver.received() == [] and stored(ids[0])["claimed_by"] == "arn:execution:first"
@@ -243,13 +245,17 @@ def test_a_brownout_that_spends_botocores_retry_quota_still_claims_and_marks_the
     keeps trying each write in its own time, and the batch fires whole, each task once."""
     ids = store_pending(receiver.url, 40, 1500, "brownout")
     client = aws.resource("dynamodb").meta.client
-    refused: Counter[bytes] = Counter()
+    refused: Counter[tuple[str, str]] = Counter()
 
     def refuse_twice(request: AWSPreparedRequest, **_: object) -> AWSResponse | None:
-        body = request.body if isinstance(request.body, bytes) else str(request.body).encode()
-        if (b"claimed_by" not in body and b'":status"' not in body) or refused[body] >= 2:
+        body = json.loads(request.body)
+        kind = "claim" if "claimed_by" in body["UpdateExpression"] else "mark"
+        write = (kind, body["Key"]["task_id"]["S"])
+        if (kind == "mark" and ":status" not in body["ExpressionAttributeValues"]) or refused[
+            write
+        ] >= 2:
             return None
-        refused[body] += 1
+        refused[write] += 1
         error = b'{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError"}'
         return AWSResponse(request.url, 500, {}, MockRawResponse(error))
 
@@ -354,10 +360,11 @@ def test_crowded_seconds_wake_staggered_and_still_fire_once_on_time(receiver):
     assert all(a.arrival_ms >= due[a.task_id] for a in arrivals)
 
 
-def test_a_retry_that_meets_a_send_in_progress_waits_for_it_and_does_not_send_again(runtime):
+def test_a_retry_that_meets_a_send_in_progress_leaves_it_and_does_not_send_again(runtime):
     """A retried invocation (the first one's answer was lost) meets the first one still in
-    its send: the idempotency record is IN_PROGRESS, so it waits, then reports the result
-    the first one recorded."""
+    its send: its claim finds the task held by a live attempt of its own execution, so it
+    sends nothing and fails with DeliveryInProgress (Fire tries again later); the retry
+    after that finds the task done by the first."""
     hits, release = [], threading.Event()
 
     class Slow(BaseHTTPRequestHandler):
@@ -382,10 +389,12 @@ def test_a_retry_that_meets_a_send_in_progress_waits_for_it_and_does_not_send_ag
         first.start()
         while not hits:
             time.sleep(0.01)
-        threading.Timer(2.0, release.set).start()
-        second = runtime.invoke("WebhookExecutorFunction", event)
-        waited_ms = clock.now_ms() - hits[0]
+        with pytest.raises(DeliveryInProgress):
+            runtime.invoke("WebhookExecutorFunction", event)
+        release.set()
         first.join()
-    assert len(hits) == 1 and waited_ms >= 2000
-    assert results == [second] == [{"tasks": 1, "claimed": 1, "fired": 1}]
+        third = runtime.invoke("WebhookExecutorFunction", event)
+    assert len(hits) == 1
+    assert results == [{"tasks": 1, "claimed": 1, "fired": 1}]
+    assert third == {"tasks": 1, "claimed": 0}
     assert stored(task_id)["status"] == "SUCCEEDED"

@@ -20,7 +20,7 @@ import boto3
 import pytest
 from botocore.client import BaseClient
 
-from tests.conftest import call_api, store_pending, stored, webhook_task
+from tests.conftest import TEST_ATTEMPT, call_api, claim_as, store_pending, stored, webhook_task
 from tests.integration.test_targets import (
     EVENTS,
     SAMPLE_TARGETS,
@@ -244,12 +244,13 @@ def test_the_finder_role_allows_every_call_of_the_finder(runtime, calls, receive
     store_pending(receiver.url, 2, 15_000, "due")  # started, marked, stopped before waking
     # requeued (its check time is past), for a later run: due beyond the look-ahead
     [stuck] = store_pending(receiver.url, 1, 60_000, "stuck")
-    store.claim(stuck, 1, gone(runtime), {"gsi_pk": "check-0", "gsi_due_ms": 0})
+    claim_as(gone(runtime), stuck)
     [owing] = store_pending(receiver.url, 1, -60_000, "owing")
-    store.claim(owing, 1, gone(runtime), {"gsi_pk": "check-0", "gsi_due_ms": 0})
+    claim_as(gone(runtime), owing)
     error = {"Error": "PermanentTargetError", "Cause": "webhook answered 410"}
     owed = {"error": json.dumps(error), "gsi_pk": "check-0", "gsi_due_ms": 0}
-    assert store.finish(owing, 1, TaskStatus.FAILED, owed)  # its letter owed, past the grace
+    owing_done = store.finish(owing, 1, TEST_ATTEMPT, TaskStatus.FAILED, owed)
+    assert owing_done  # its letter owed, past the grace
     schedule = every_minute(receiver.url, clock.now_ms() + config.lookahead_s * 1000 + 2_000)
     assert call_api(runtime, "POST", "/schedules", schedule)[0] == 201  # beyond the look-ahead
     time.sleep(3)  # now within it: the finder makes the occurrence

@@ -13,6 +13,7 @@ from botocore.exceptions import ClientError
 
 from tests.conftest import (
     batch_event,
+    claim_as,
     dead_letters,
     hooked,
     store_pending,
@@ -23,7 +24,6 @@ from tocsin import aws, clock
 from tocsin.index_keys import LETTER_GRACE_MS, SETTLE_AFTER_MS, check_index_keys
 from tocsin.reconcile import CHECK_AGAIN_MS, MAX_REQUEUES, reconcile
 from tocsin.settings import settings
-from tocsin.store import TaskStore
 
 GONE = "arn:aws:states:us-east-1:123456789012:execution:tocsin-TaskStateMachine:gone"
 
@@ -85,9 +85,8 @@ def test_a_task_sent_by_an_execution_that_died_before_its_mark_is_not_sent_again
 
 def test_a_task_whose_executions_keep_ending_fails_to_the_dead_letter_queue(runtime, receiver):
     [task_id] = store_pending(receiver.url, 1, 60_000, "doomed")
-    store = TaskStore(settings().tasks_table)
     for requeues in range(MAX_REQUEUES + 1):
-        assert store.claim(task_id, 1, f"{GONE}-{requeues}", {"gsi_pk": "check-0", "gsi_due_ms": 0})
+        assert claim_as(f"{GONE}-{requeues}", task_id).before
         report = reconcile(settings(), past_check_time(task_id))
         [(_, outcome)] = report.tasks
         assert str(outcome) == ("requeued" if requeues < MAX_REQUEUES else "failed_stuck")
@@ -186,11 +185,10 @@ def test_a_dead_batch_is_described_once_and_a_refused_look_leaves_only_its_tasks
     task), the five requeued, the two counted as faults and left in their check shard for
     the next run."""
     ids = store_pending(receiver.url, 7, 60_000, "dead-batch")
-    store = TaskStore(settings().tasks_table)
     throttled = f"{GONE}-throttled"
     for task_id in ids:
         execution = throttled if task_id in ids[-2:] else GONE
-        assert store.claim(task_id, 1, execution, {"gsi_pk": "check-0", "gsi_due_ms": 0})
+        assert claim_as(execution, task_id).before
     with described(refuse=throttled) as asked:
         report = reconcile(settings(), past_check_time(ids[-1]))
     assert sorted(asked) == [GONE, throttled]
@@ -213,9 +211,7 @@ def test_a_reconciler_out_of_time_or_refused_its_reads_leaves_the_run_to_dispatc
     the reconciler stops at its deadline (the rest waits for the next run), and a finder
     run whose reconciler cannot read still starts what is due."""
     [stuck] = store_pending(receiver.url, 1, 60_000, "stuck")
-    assert TaskStore(settings().tasks_table).claim(
-        stuck, 1, GONE, {"gsi_pk": "check-0", "gsi_due_ms": 0}
-    )
+    assert claim_as(GONE, stuck).before
     report = reconcile(settings(), clock.now_ms(), deadline=0.0)
     assert (report.tasks, report.as_dict()["reconcile_cut_short"]) == ([], 1)
     assert stored(stuck)["status"] == "RUNNING"
@@ -239,11 +235,10 @@ def test_tasks_failed_as_stuck_during_an_sqs_outage_try_one_letter_and_owe_the_r
     runtime, receiver
 ):
     ids = store_pending(receiver.url, 2, 60_000, "stuck-unlettered")
-    store = TaskStore(settings().tasks_table)
     for requeues in range(MAX_REQUEUES + 1):
         for task_id in ids:
             check = check_index_keys(task_id, int(stored(task_id)["due_ms"]), settings())
-            assert store.claim(task_id, 1, f"{GONE}-{requeues}", check)
+            assert claim_as(f"{GONE}-{requeues}", task_id, check).before
         if requeues < MAX_REQUEUES:
             reconcile(settings(), past_check_time(ids[-1]))
     with sqs_outage() as refused:
