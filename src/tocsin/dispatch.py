@@ -121,7 +121,7 @@ def execution_input(batch: Batch, settings: Settings, stagger_s: int = 0) -> dic
 
 def wake_ms(batch: Batch, settings: Settings) -> int:
     """The second the batch's execution wakes unless staggered: the lead before its first
-    task is due, and the preparation of every further task (claim, idempotency record,
+    task is due, and the preparation of every further task (claim, target,
     connection: CPU that an executor's share of a core spends before its first gate),
     floored."""
     preparing = settings.prepare_ms_per_task * (len(batch.tasks) - 1)

@@ -1,19 +1,20 @@
 """What every typed executor does with its batch: claim, prepare, gate, send once, finish.
 
 The state machine invokes the type's executor once per batch, with ids, versions and due
-milliseconds only. The executor claims each task (the exactly-once lock), reads the claimed
-item from the claim's reply, and gives each task a thread of its own: prepare the target,
-sleep to the due millisecond, send under Powertools Idempotency keyed `<task_id>:<version>`,
-retry transient failures with backoff in the time the invocation has left, then mark the
-task SUCCEEDED, or FAILED with a dead-letter message of its own. A slow target holds up
-only its own task.
+milliseconds only. The executor claims each task (the exactly-once lock, held by this
+invocation until its end: `TaskStore.claim`), reads the task from the claim's reply, and
+gives each task a thread of its own: prepare the target, sleep to the due millisecond,
+send, retry transient failures with backoff in the time the invocation has left, then
+mark the task SUCCEEDED (the sent marker, conditional on this invocation), or FAILED with
+a dead-letter message of its own. A slow target holds up only its own task.
 
 Only what concerns the whole batch fails the invocation, for the state machine to retry:
 a claim or mark that could not be written in the time the invocation has
-(`TableUnavailable`), a task another invocation is still delivering
-(`DeliveryInProgress`), or a task never tried for want of time (`NoTimeToSend`). A retry
-re-claims what this execution holds; what was sent is not sent again (the idempotency
-record answers).
+(`TableUnavailable`), a task a live invocation of this execution still holds
+(`DeliveryInProgress`), or a task never tried for want of time (`NoTimeToSend`). Failing,
+the invocation lets go of the tasks it has not finished, so the retry takes them over at
+once; a task it sent but could not mark is written to the sent log (`tocsin.sent`), which
+an invocation reads before it sends a task it takes over.
 """
 
 import json
@@ -23,19 +24,9 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, TypeVar
 
 from aws_lambda_powertools.metrics import MetricUnit
-from aws_lambda_powertools.utilities.idempotency import (
-    DynamoDBPersistenceLayer,
-    IdempotencyConfig,
-    idempotent_function,
-)
-from aws_lambda_powertools.utilities.idempotency.exceptions import (
-    IdempotencyAlreadyInProgressError,
-    IdempotencyPersistenceLayerError,
-)
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as EndpointUnreachable
@@ -53,20 +44,17 @@ from tocsin.model import (
     idempotency_key,
 )
 from tocsin.observability import logger, metrics
+from tocsin.sent import Fired, SentLog
 from tocsin.settings import settings
 from tocsin.store import Claim, Holder, TaskStore
 from tocsin.targets import TARGETS, Delivery, Target, parse_target
 
-idempotency_config = IdempotencyConfig(
-    event_key_jmespath="idempotency_key", expires_after_seconds=24 * 3600
-)
 CLAIM_WORKERS = 32
 FINISH_MARGIN_MS = 3000  # kept back from retries for the final marks and dead letters
 CLAIMS_SHARE = 3  # of the time, for claims: then a fresh invocation beats sends out of time
 MARK_MARGIN_MS = 1000  # kept back from the final marks' retries for a dead letter and the reply
 WRITE_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8)  # between tries of one claim or mark, with jitter
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0)  # before the 2nd, 3rd, 4th and 5th attempt
-IN_PROGRESS_POLL_S = 1.0
 Written = TypeVar("Written")  # what a claim or mark returns
 
 
@@ -117,50 +105,16 @@ class ClaimedTask:
 
 
 @dataclass(frozen=True)
-class Fired:
-    fired_ms: int
-    result: dict[str, Any]
-    attempts: int
-
-
-@dataclass(frozen=True)
 class Failed:
     error: str  # the failure's kind, as the stored error's "Error"
     cause: str
     attempts: int
 
 
-@lru_cache(maxsize=1)  # one table in a Lambda's life; a process that starts runtimes moves on
-def _persistence(table_name: str) -> DynamoDBPersistenceLayer:
-    return DynamoDBPersistenceLayer(table_name=table_name, boto3_client=aws.client("dynamodb"))
-
-
-def _deliver_once(task: ClaimedTask) -> dict[str, Any]:
-    """Gate and send under the idempotency record (written before the gate, off the clock).
-
-    A retry after a success gets the recorded fire time and result back, and does not act.
-    When the record cannot be written, the attempt is retried, unless the send already
-    happened: then the delivery is reported as it is, for a retry would send again.
-    """
-    sent: list[dict[str, Any]] = []
-
-    def deliver(delivery: dict[str, Any]) -> dict[str, Any]:
-        fired_ms = gate.wait_until(task.due_ms)
-        sent.append({"fired_ms": fired_ms, "result": task.target.send(Delivery(**delivery))})
-        return sent[0]
-
-    once = idempotent_function(
-        data_keyword_argument="delivery",
-        config=idempotency_config,
-        persistence_store=_persistence(settings().idempotency_table),
-    )(deliver)
-    try:
-        return once(delivery=task.delivery().model_dump())
-    except IdempotencyPersistenceLayerError as error:
-        if not sent:
-            raise TransientTargetError(f"idempotency store: {error}") from error
-        logger.warning("delivered, but not recorded as delivered", task_id=task.task_id)
-        return sent[0]
+def _deliver(task: ClaimedTask) -> tuple[int, dict[str, Any]]:
+    """Sleep to the due millisecond, then send: the time the gate let go, and the answer."""
+    fired_ms = gate.wait_until(task.due_ms)
+    return fired_ms, task.target.send(task.delivery())
 
 
 def fire(task: ClaimedTask, deadline_ms: int) -> Fired | Failed:
@@ -169,11 +123,9 @@ def fire(task: ClaimedTask, deadline_ms: int) -> Fired | Failed:
     `attempt_limit_s`: an invocation killed mid-attempt may have acted unrecorded, and
     its retry would act again)."""
     limit_ms = task.target.attempt_limit_s * 1000
-    attempts, prepared, another_sending = 0, False, False
+    attempts, prepared = 0, False
     while True:
         if max(clock.now_ms(), task.due_ms) + limit_ms > deadline_ms:  # it begins at the gate
-            if another_sending:  # not ours to fail: retry the batch once that one ended
-                raise DeliveryInProgress(task.task_id)
             if not attempts:  # never tried: a fresh invocation will have the time
                 raise NoTimeToSend(task.task_id)
             cause = f"out of time after {attempts} attempts"
@@ -186,15 +138,8 @@ def fire(task: ClaimedTask, deadline_ms: int) -> Fired | Failed:
                 if max(clock.now_ms(), task.due_ms) + limit_ms > deadline_ms:
                     attempts -= 1  # preparing took the time an attempt needed
                     continue
-            done = _deliver_once(task)
-            return Fired(done["fired_ms"], done["result"], attempts)
-        except IdempotencyAlreadyInProgressError:
-            attempts -= 1  # not an attempt of ours: another invocation is sending it
-            another_sending = True
-            if clock.now_ms() + IN_PROGRESS_POLL_S * 1000 > deadline_ms:
-                raise DeliveryInProgress(task.task_id) from None
-            time.sleep(IN_PROGRESS_POLL_S)
-            continue
+            fired_ms, result = _deliver(task)
+            return Fired(fired_ms, result, attempts)
         except PermanentTargetError as error:
             return Failed("PermanentTargetError", str(error), attempts)
         except TransientTargetError as error:
@@ -264,11 +209,23 @@ def _may_pass(fault: Exception) -> bool:
     return isinstance(fault, (EndpointUnreachable, HTTPClientError))
 
 
+@dataclass(frozen=True)
+class Held:
+    """A task this invocation claimed: what to fire (or why it cannot be), and whether an
+    earlier invocation held it (taken over, or requeued by the reconciler), which may have
+    sent it: the sent log is read before sending it again."""
+
+    asked: BatchTask
+    task: ClaimedTask | Failed
+    held_before: bool
+
+
 def claim_batch(
     store: TaskStore, batch: BatchEvent, holder: Holder, deadline_ms: int
-) -> tuple[list[tuple[BatchTask, ClaimedTask | Failed]], list[str]]:
-    """Claim every task of the batch at once: the ones this attempt holds now, and the ids
-    a live attempt of this execution holds (it is sending them: `DeliveryInProgress`)."""
+) -> tuple[list[Held], list[str]]:
+    """Claim every task of the batch at once: the ones this invocation holds now, and the
+    ids a live invocation of this execution holds (`DeliveryInProgress`). If a claim cannot
+    be written, the tasks claimed are let go before `TableUnavailable` is raised."""
     config = settings()
 
     def claim(asked: BatchTask) -> Claim:
@@ -280,16 +237,37 @@ def claim_batch(
         )
 
     with ThreadPoolExecutor(max_workers=min(CLAIM_WORKERS, len(batch.tasks))) as pool:
-        claims = list(pool.map(claim, batch.tasks))
+        futures = [pool.submit(claim, asked) for asked in batch.tasks]
+    failed = next((f.exception() for f in futures if f.exception() is not None), None)
+    claims = [
+        (asked, f.result())
+        for asked, f in zip(batch.tasks, futures, strict=True)
+        if not f.exception()
+    ]
+    if failed is not None:
+        _let_go(store, holder, [asked for asked, claim in claims if claim.before is not None])
+        raise failed
     held = [
-        (asked, _claimed(claim.before, asked, batch.task_type))
-        for asked, claim in zip(batch.tasks, claims, strict=True)
+        Held(
+            asked,
+            _claimed(claim.before, asked, batch.task_type),
+            claim.taken_over or "requeues" in claim.before,
+        )
+        for asked, claim in claims
         if claim.before is not None
     ]
-    elsewhere = [
-        asked.task_id for asked, claim in zip(batch.tasks, claims, strict=True) if claim.in_progress
-    ]
-    return held, elsewhere
+    return held, [asked.task_id for asked, claim in claims if claim.in_progress]
+
+
+def _let_go(store: TaskStore, holder: Holder, tasks: list[BatchTask]) -> None:
+    """End this invocation's hold on `tasks` (it is failing before finishing them), so that
+    the retry takes them over at once rather than after the invocation's time. Once each,
+    unchecked: a hold not let go ends with the invocation's time all the same."""
+    for asked in tasks:
+        try:
+            store.let_go(asked.task_id, asked.version, holder.attempt)
+        except (BotoCoreError, ClientError) as fault:
+            logger.warning("hold not let go", task_id=asked.task_id, fault=type(fault).__name__)
 
 
 def _finish(
@@ -335,28 +313,49 @@ def execute(
     batch = BatchEvent.model_validate(event)
     if batch.task_type is not expected_type:
         raise ValueError(f"a {batch.task_type} batch reached the {expected_type} executor")
-    store = TaskStore(settings().tasks_table)
+    config = settings()
+    store, sent_log = TaskStore(config.tasks_table), SentLog(config.sent_table)
     began_ms = clock.now_ms()
     ends_ms = began_ms + remaining_ms()
     deadline_ms = ends_ms - FINISH_MARGIN_MS
     holder = Holder(batch.execution, attempt, lease_until_ms=ends_ms)
-    claims_by_ms = began_ms + (deadline_ms - began_ms) // CLAIMS_SHARE
-    claimed, in_progress = claim_batch(store, batch, holder, claims_by_ms)
+    held, in_progress = claim_batch(
+        store, batch, holder, began_ms + (deadline_ms - began_ms) // CLAIMS_SHARE
+    )
 
-    def run(pair: tuple[BatchTask, ClaimedTask | Failed]) -> tuple[Fired | Failed, bool]:
-        asked, task = pair
-        outcome = task if isinstance(task, Failed) else fire(task, deadline_ms)
-        return outcome, _finish(store, batch, holder, asked, outcome, ends_ms - MARK_MARGIN_MS)
+    def run(task: Held) -> tuple[Fired | Failed, bool]:
+        outcome = task.task
+        if not isinstance(outcome, Failed):
+            sent = (
+                sent_log.find(task.asked.task_id, task.asked.version) if task.held_before else None
+            )
+            outcome = sent or fire(outcome, deadline_ms)
+        try:
+            return outcome, _finish(
+                store, batch, holder, task.asked, outcome, ends_ms - MARK_MARGIN_MS
+            )
+        except Exception:
+            if isinstance(outcome, Fired):  # sent, and the table will not say so
+                expires_at = config.expires_at(task.asked.due_ms)
+                sent_log.record(task.asked.task_id, task.asked.version, outcome, expires_at)
+            raise
 
-    counts = Counter(tasks=len(batch.tasks), claimed=len(claimed))
-    if claimed:
-        with ThreadPoolExecutor(max_workers=len(claimed)) as pool:
-            finished = list(pool.map(run, claimed))  # raises DeliveryInProgress after all ran
-        for (asked, _), (outcome, recorded) in zip(claimed, finished, strict=True):
-            _report(asked, outcome, counts)
+    counts = Counter(tasks=len(batch.tasks), claimed=len(held))
+    if held:
+        with ThreadPoolExecutor(max_workers=len(held)) as pool:
+            futures = [pool.submit(run, task) for task in held]
+        failed = [
+            (task, f.exception()) for task, f in zip(held, futures, strict=True) if f.exception()
+        ]
+        if failed:  # the others are done; the retry takes these over at once
+            _let_go(store, holder, [task.asked for task, _ in failed])
+            raise failed[0][1]  # type: ignore[misc]
+        for task, future in zip(held, futures, strict=True):
+            outcome, recorded = future.result()
+            _report(task.asked, outcome, counts)
             if not recorded:  # the task changed under the claim: only an operator's hand can
                 counts["unrecorded"] += 1
-                logger.warning("outcome not recorded: the task changed", task_id=asked.task_id)
+                logger.warning("outcome not recorded: the task changed", task_id=task.asked.task_id)
     if in_progress:  # the rest is done; the retry takes these over once that attempt ended
         raise DeliveryInProgress(", ".join(in_progress))
     return dict(counts)
@@ -377,7 +376,6 @@ def _report(asked: BatchTask, outcome: Fired | Failed, counts: Counter[str]) -> 
 
 def executor_handler(task_type: TaskType) -> Callable[[dict[str, Any], LambdaContext], Any]:
     """The Lambda handler of one task type's executor; its SDK clients are made now, at init."""
-    _persistence(settings().idempotency_table)
     aws.resource("dynamodb")  # claims and marks on the Tasks table
     aws.client("sqs")  # dead letters
     for service in TARGETS[task_type].aws_services:
@@ -386,7 +384,6 @@ def executor_handler(task_type: TaskType) -> Callable[[dict[str, Any], LambdaCon
     @logger.inject_lambda_context(clear_state=True)
     @metrics.log_metrics
     def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, int]:
-        idempotency_config.register_lambda_context(context)
         return execute(
             event, task_type, context.get_remaining_time_in_millis, context.aws_request_id
         )

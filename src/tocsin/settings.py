@@ -17,7 +17,7 @@ class Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     tasks_table: str = Field("", alias="TASKS_TABLE")
-    idempotency_table: str = Field("", alias="IDEMPOTENCY_TABLE")
+    sent_table: str = Field("", alias="SENT_TABLE")
     schedules_table: str = Field("", alias="SCHEDULES_TABLE")
     state_machine_arn: str = Field("", alias="STATE_MACHINE_ARN")
     lookahead_s: int = Field(180, alias="LOOKAHEAD_SECONDS", ge=1)
@@ -43,8 +43,8 @@ class Settings(BaseModel):
 
     @property
     def claims_per_second(self) -> int:
-        """Tasks the executors may claim in one second: one write each on the Tasks table
-        (and one on the idempotency table), at the rate the tables are warmed for."""
+        """Tasks the executors may claim in one second: one write each on the Tasks table,
+        at the rate the table is warmed for."""
         return self.table_warm_writes_per_second or NEW_TABLE_WRITES_PER_SECOND
 
     def expires_at(self, due_ms: int) -> int:

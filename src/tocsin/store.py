@@ -358,6 +358,15 @@ class TaskStore:
             ) == str(version)
         return True
 
+    def let_go(self, task_id: str, version: int, attempt: str) -> None:
+        """End `attempt`'s hold on a task it claimed and did not finish: its lease is over."""
+        self._update(
+            task_id,
+            "SET lease_until = :over",
+            "#s = :running AND #v = :v AND attempt = :attempt",
+            {":over": 0, ":running": TaskStatus.RUNNING.value, ":v": version, ":attempt": attempt},
+        )
+
     def redrive(
         self, task_id: str, version: int, index_keys: dict[str, Any], now_iso: str
     ) -> dict[str, Any] | None:

@@ -96,6 +96,13 @@ def test_chaos_command_refuses_too_few_tasks(capsys):
     assert refused.value.code == 2 and "--tasks" in capsys.readouterr().err
 
 
+@group("unmarked-sends")
+def test_sends_the_table_would_not_mark_are_logged_and_never_sent_twice():
+    result = result_of("unmarked-sends")
+    assert result["sends_logged"] > 0  # marks were refused after their sends
+    assert result["fired"] == result["tasks"] and result["duplicates"] == 0
+
+
 @group("ambiguous-writes")
 def test_the_aws_faults_moto_does_not_show_really_happened():
     ambiguous = result_of("ambiguous-writes")

@@ -5,13 +5,15 @@ import logging
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler
 from unittest import mock
 
 import boto3
 import pytest
 from botocore.awsrequest import AWSPreparedRequest, AWSResponse
-from botocore.exceptions import EndpointConnectionError
+from botocore.exceptions import ClientError, EndpointConnectionError
 from moto.core.botocore_stubber import MockRawResponse
 
 from tests.conftest import (
@@ -32,7 +34,7 @@ from tocsin.executor import DeliveryInProgress, TableUnavailable
 from tocsin.index_keys import check_index_keys
 from tocsin.measure.cost import transitions
 from tocsin.settings import settings
-from tocsin.store import DUE_INDEX, Claim, TaskStore
+from tocsin.store import DUE_INDEX, Claim
 
 
 def test_two_finders_at_once_fire_each_task_once(runtime, receiver):
@@ -174,22 +176,28 @@ def test_permanent_failure_is_not_retried(runtime, receiver):
 
 
 def test_a_retried_invocation_takes_back_its_claim_and_does_not_act_again(runtime, receiver):
-    """The same execution claims again what it holds; its delivery is recorded, so a retry
-    after the send reports the first result instead of sending again."""
+    """The first invocation sent, and the table refused its mark (a policy gone wrong:
+    refused at once, not tried again): it logged the send, let the task go and failed. The
+    same execution's next invocation takes the task over, finds the send in the log, and
+    records the first fire instead of sending again."""
     ids = store_pending(receiver.url, 1, -1000, "retry")
     event = batch_event(ids[0])
-    first = runtime.invoke("WebhookExecutorFunction", event)
-    fired = stored(ids[0])
-    TaskStore(settings().tasks_table)._table.update_item(  # as if the first mark were lost
-        Key={"task_id": ids[0]},  # and its invocation had ended, its lease released
-        UpdateExpression="SET #s = :running, lease_until = :gone REMOVE fired_at",
-        ExpressionAttributeNames={"#s": "status"},
-        ExpressionAttributeValues={":running": "RUNNING", ":gone": 0},
-    )
+
+    def refuse_marks(params: dict, **_: object) -> None:
+        if ":status" in params.get("ExpressionAttributeValues", {}):
+            raise ClientError({"Error": {"Code": "AccessDeniedException"}}, "UpdateItem")
+
+    client = aws.resource("dynamodb").meta.client
+    marks_refused = ("before-parameter-build.dynamodb.UpdateItem", refuse_marks)
+    with hooked(client, marks_refused), pytest.raises(ClientError):
+        runtime.invoke("WebhookExecutorFunction", event)
+    [first] = receiver.received()
+    assert stored(ids[0])["status"] == "RUNNING"
     second = runtime.invoke("WebhookExecutorFunction", event)
-    assert first == second == {"tasks": 1, "claimed": 1, "fired": 1}
-    assert len(receiver.received()) == 1
-    assert stored(ids[0])["fired_at"] == fired["fired_at"]  # the recorded fire, not a new one
+    assert second == {"tasks": 1, "claimed": 1, "fired": 1}
+    assert receiver.received() == [first]
+    fired_ms = clock.to_ms(datetime.fromisoformat(stored(ids[0])["fired_at"]))
+    assert fired_ms <= first.arrival_ms  # the first fire, from the log
 
 
 def test_another_execution_cannot_claim_a_held_task(runtime, receiver):
@@ -270,27 +278,44 @@ def test_a_brownout_that_spends_botocores_retry_quota_still_claims_and_marks_the
     assert Counter(a.task_id for a in receiver.received()) == dict.fromkeys(ids, 1)
 
 
-@pytest.mark.parametrize("write", ["PutItem", "UpdateItem"])
-def test_an_idempotency_store_failure_neither_fails_nor_repeats_the_delivery(
-    runtime, receiver, write
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [("InternalServerError", 500), ("ProvisionedThroughputExceededException", 400)],
+)
+def test_a_send_the_table_will_not_mark_is_logged_and_not_sent_again(
+    runtime, receiver, monkeypatch, code, status
 ):
-    """PutItem is the in-progress record, before the send: the attempt is retried.
-    UpdateItem records the result, after the send: the delivery stands as it is."""
-    ids = store_pending(receiver.url, 1, 1500, f"store-{write.lower()}")
-    client = aws.client("dynamodb")  # the executors' idempotency layer shares it
-    failures = []
+    """The Tasks table refuses the final mark after the send, every try until the
+    invocation's margin: the invocation writes the send to the sent log, lets the task go
+    and fails (TableUnavailable); Fire's retry takes the task over, finds the send in the
+    log, and marks it SUCCEEDED with the first fire time. One send in all. (An executor of
+    12 s and webhooks of 2 s keep it short.)"""
+    monkeypatch.setenv("WEBHOOK_TIMEOUT_SECONDS", "2")
+    settings.cache_clear()
+    executor = runtime.functions["WebhookExecutorFunction"]
+    runtime.functions["WebhookExecutorFunction"] = replace(executor, timeout_s=12)
+    ids = store_pending(receiver.url, 1, 1500, f"unmarked-{status}")
+    sent_log = boto3.resource("dynamodb").Table(settings().sent_table)
+    refused = []
 
-    def fail_once(params: dict, **_: object) -> None:
-        if params.get("TableName") == settings().idempotency_table and not failures:
-            failures.append(write)
-            raise EndpointConnectionError(endpoint_url="https://dynamodb.us-east-1.amazonaws.com")
+    def refuse_until_logged(params: dict, **_: object) -> None:
+        final_mark = ":status" in params.get("ExpressionAttributeValues", {})
+        if final_mark and "Item" not in sent_log.get_item(Key={"id": f"{ids[0]}:1"}):
+            refused.append(clock.now_ms())
+            error = {"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}
+            raise ClientError(error, "UpdateItem")
 
-    with hooked(client, (f"before-parameter-build.dynamodb.{write}", fail_once)):
+    client = aws.resource("dynamodb").meta.client
+    with hooked(client, ("before-parameter-build.dynamodb.UpdateItem", refuse_until_logged)):
         runtime.run_finder()
-        item = wait_for_status(ids[0], {"SUCCEEDED", "FAILED"})
-    assert failures == [write]
-    assert item["status"] == "SUCCEEDED"
-    assert [a.task_id for a in receiver.received()] == ids
+        item = wait_for_status(ids[0], {"SUCCEEDED", "FAILED"}, timeout_s=60)
+    [arrival] = receiver.received()
+    assert len(refused) > 1 and item["status"] == "SUCCEEDED"
+    fired_ms = clock.to_ms(datetime.fromisoformat(item["fired_at"]))
+    assert fired_ms <= arrival.arrival_ms < refused[0]  # the first fire, from the log
+    [execution] = runtime.executions()
+    assert transitions(execution.execution_arn) >= 3  # Wait, Fire, and Fire's retries
 
 
 @pytest.mark.slow

@@ -19,8 +19,18 @@ from unittest import mock
 import boto3
 import pytest
 from botocore.client import BaseClient
+from botocore.exceptions import ClientError
 
-from tests.conftest import TEST_ATTEMPT, call_api, claim_as, store_pending, stored, webhook_task
+from tests.conftest import (
+    TEST_ATTEMPT,
+    batch_event,
+    call_api,
+    claim_as,
+    hooked,
+    store_pending,
+    stored,
+    webhook_task,
+)
 from tests.integration.test_targets import (
     EVENTS,
     SAMPLE_TARGETS,
@@ -28,7 +38,7 @@ from tests.integration.test_targets import (
     sample,
     store_sample_task,
 )
-from tocsin import clock
+from tocsin import aws, clock
 from tocsin.local.runtime import scheduled_event
 from tocsin.local.stack import ACCOUNT_ID, REGION
 from tocsin.model import TaskStatus
@@ -123,7 +133,7 @@ class Calls:
 def calls(runtime) -> Iterator[Calls]:
     """Every client's calls, whenever it was made (the handlers make theirs at init)."""
     config = settings()
-    recorded = Calls({config.tasks_table, config.idempotency_table, config.schedules_table})
+    recorded = Calls({config.tasks_table, config.sent_table, config.schedules_table})
     make_api_call = BaseClient._make_api_call
 
     def recording(client: BaseClient, operation: str, params: dict[str, Any]) -> Any:
@@ -289,8 +299,9 @@ def test_each_executor_role_allows_every_call_of_its_executor(runtime, calls, ta
         "sns": "sns:Publish",
         "sqs": "sqs:SendMessage",
     }[task_type]
-    done = {"dynamodb:UpdateItem", "dynamodb:PutItem", target_action}
-    assert done <= calls.actions(f"{function}ExecutorFunction")
+    made = calls.actions(f"{function}ExecutorFunction")
+    assert {"dynamodb:UpdateItem", target_action} <= made
+    assert "dynamodb:PutItem" not in made  # a send is logged only when it cannot be marked
     assert refused(runtime, calls) == []
 
 
@@ -309,8 +320,23 @@ def test_the_webhook_executor_role_allows_its_calls_as_it_fires_and_fails(runtim
     with calls.of("WebhookExecutorFunction"):
         report = runtime.invoke("WebhookExecutorFunction", event)
     assert (report["fired"], report["failed"]) == (1, 1)
+    # a send whose mark the table refuses is logged; the next invocation reads the log
+    [logged] = store_pending(receiver.url, 1, -500, "logged")
+    again = {**event, "tasks": [batch_event(logged)["tasks"][0]]}
+
+    def refuse_marks(params: dict, **_: object) -> None:
+        if ":status" in params.get("ExpressionAttributeValues", {}):
+            raise ClientError({"Error": {"Code": "AccessDeniedException"}}, "UpdateItem")
+
+    client = aws.resource("dynamodb").meta.client
+    marks_refused = ("before-parameter-build.dynamodb.UpdateItem", refuse_marks)
+    with calls.of("WebhookExecutorFunction"):
+        with hooked(client, marks_refused), pytest.raises(ClientError):
+            runtime.invoke("WebhookExecutorFunction", again)
+        assert runtime.invoke("WebhookExecutorFunction", again)["fired"] == 1
     assert {
         "secretsmanager:GetSecretValue",
+        "dynamodb:GetItem",
         "dynamodb:PutItem",
         "dynamodb:UpdateItem",
         "sqs:SendMessage",

@@ -5,18 +5,14 @@ retried invocation would act again. Each attempt may take its target's `attempt_
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
-import boto3
 import pytest
-from moto import mock_aws
 
-from tocsin import aws, clock
+from tocsin import clock
 from tocsin.errors import TransientTargetError
 from tocsin.executor import ClaimedTask, Failed, NoTimeToSend, fire
-from tocsin.settings import settings
 from tocsin.targets.base import Delivery, Target
 
 LIMIT_S = 1.0
-pytestmark = pytest.mark.filterwarnings("ignore:Couldn.t determine the remaining time")
 
 
 class SlowTarget(Target):
@@ -34,22 +30,10 @@ class SlowTarget(Target):
 
 
 @pytest.fixture(autouse=True)
-def idempotency_table(monkeypatch) -> Iterator[None]:
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("IDEMPOTENCY_TABLE", "idempotency")
-    settings.cache_clear()
-    aws.forget_clients()
-    with mock_aws():
-        boto3.client("dynamodb").create_table(
-            TableName="idempotency",
-            KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
-            AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
-            BillingMode="PAY_PER_REQUEST",
-        )
-        SlowTarget.sends.clear()
-        yield
-    settings.cache_clear()
-    aws.forget_clients()
+def no_sends_yet() -> Iterator[None]:
+    SlowTarget.sends.clear()
+    yield
+    SlowTarget.sends.clear()
 
 
 def task(task_id: str, due_ms: int) -> ClaimedTask:

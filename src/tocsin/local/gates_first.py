@@ -1,7 +1,7 @@
 """Gates first: in the embedded runtime, DynamoDB calls wait while a gate is about to let go.
 
 On AWS every gate sleeps in a Lambda of its own, and a task's bookkeeping after it fires
-(the idempotency record, MarkSucceeded) runs on other machines. Here all of it shares one
+(its final mark) runs on other machines. Here all of it shares one
 interpreter lock: when 200 gates let go within a second, each fired task's table writes
 took the lock from the gates still waiting, and the last ones let go late. So a DynamoDB
 call from this process waits while any gate is due within `WINDOW_MS` (or overdue), and for

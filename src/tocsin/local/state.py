@@ -5,8 +5,8 @@ with the process. A snapshot keys every table and queue by its logical id in the
 template, since moto names them with a random suffix per stack. Executions cannot be
 kept: a task they held (SCHEDULED, or RUNNING in its executor) is put back in the due
 index at the same version, and the finder starts it again. A RUNNING task may have
-acted before the stop; its executor's idempotency record, restored with the tables,
-turns the second run into a replay of the recorded result.
+acted before the stop: what it sent and could not mark is in the sent log (`tocsin.sent`),
+restored with the tables, and its next executor records that instead of sending again.
 """
 
 import json

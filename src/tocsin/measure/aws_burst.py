@@ -10,8 +10,8 @@ started, second by second, against AWS's quotas in the largest regions:
 * Lambda: a woken batch holds one executor environment from its wake to its last gate,
   within the account's 1,000 (and `ConcurrencyBudget`), and one function adds at most
   1,000 environments every 10 seconds;
-* DynamoDB: the finder's marks, then at each wake the executor's claims, one write a task
-  (the idempotency records, one a task too, go to a table of their own), against what a new
+* DynamoDB: the finder's marks, then at each wake the executor's claims, one write a task,
+  against what a new
   on-demand table sustains, 4,000 writes a second, or the warm throughput it was given.
 
 The laptop's own speed enters only through when the finder started each batch, which is
@@ -127,7 +127,7 @@ def judge(
         "most_new_environments_in_10_s": new_in_10_s,
         "transitions": len(events),
         "peak_transitions_per_second": _peak_per_second(served, [1] * len(served)),
-        # Claims are what must land before a window; the idempotency table takes as many.
+        # Claims are what must land before a window.
         "peak_writes_per_second": _peak_per_second(
             [woken[i] for i in range(len(ordered))], [b.tasks for b in ordered]
         ),

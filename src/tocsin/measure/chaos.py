@@ -24,7 +24,7 @@ from typing import Any
 from unittest import mock
 
 import boto3
-from botocore.exceptions import EndpointConnectionError
+from botocore.exceptions import ClientError, EndpointConnectionError
 from moto.core.exceptions import JsonRESTError
 
 from tocsin import aws, clock
@@ -33,6 +33,7 @@ from tocsin.local.dynamodb_process import Fault
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.local.server import api_event
 from tocsin.measure.receiver import WebhookReceiver, allowing
+from tocsin.sent import SentLog
 from tocsin.settings import settings
 
 LEAD_IN_MS = 6000  # tasks fall due from this far ahead, so every path has room to run
@@ -304,9 +305,7 @@ def executor_timeouts(trial: Trial, tasks: int) -> None:
     ids = trial.store(tasks, "timeout")
     hanging = set(trial.rng.sample(ids, max(1, len(ids) // 3)))
     runtime, invoke = trial.runtime, trial.runtime.invoke
-    for logical_id, function in list(runtime.functions.items()):
-        if logical_id.endswith(EXECUTORS):
-            runtime.functions[logical_id] = replace(function, timeout_s=EXECUTOR_TIMEOUT_S)
+    _executors_time_out(runtime)
 
     def hangs(logical_id: str, event: Any) -> Any:
         named = {t["task_id"] for t in event.get("tasks", [])} if isinstance(event, dict) else set()
@@ -319,6 +318,41 @@ def executor_timeouts(trial: Trial, tasks: int) -> None:
 
     trial.exits.enter_context(mock.patch.object(runtime, "invoke", hangs))
     trial.finder_until_done()
+
+
+def _executors_time_out(runtime: EmbeddedRuntime) -> None:
+    """The executors' invocations end after EXECUTOR_TIMEOUT_S, not the template's 120 s."""
+    for logical_id, function in list(runtime.functions.items()):
+        if logical_id.endswith(EXECUTORS):
+            runtime.functions[logical_id] = replace(function, timeout_s=EXECUTOR_TIMEOUT_S)
+
+
+def unmarked_sends(trial: Trial, tasks: int) -> None:
+    """For a third of the tasks the Tasks table refuses the final mark after the send
+    (throttled, every try to the invocation's margin): the executor logs the send and
+    fails; Fire's retry takes the task over, finds the send in the log, and marks it from
+    there instead of sending again."""
+    ids = trial.store(tasks, "unmarked")
+    refused = set(trial.rng.sample(ids, max(1, len(ids) // 3)))
+    _executors_time_out(trial.runtime)
+    sent = SentLog(settings().sent_table)
+
+    def throttle_marks(params: dict[str, Any], **_: Any) -> None:
+        key = params.get("Key", {}).get("task_id")
+        task_id = key.get("S") if isinstance(key, dict) else key
+        final_mark = ":status" in params.get("ExpressionAttributeValues", {})
+        if final_mark and task_id in refused and sent.find(task_id, 1) is None:
+            error = {"Error": {"Code": "ProvisionedThroughputExceededException"}}
+            raise ClientError(error, "UpdateItem")
+
+    client = aws.resource("dynamodb").meta.client
+    event = "before-parameter-build.dynamodb.UpdateItem"
+    client.meta.events.register(event, throttle_marks)
+    trial.exits.callback(client.meta.events.unregister, event, throttle_marks)
+    trial.finder_until_done()
+    trial.settle()
+    logged = boto3.resource("dynamodb").Table(settings().sent_table).scan()["Items"]
+    trial.notes["sends_logged"] = len(logged)
 
 
 class SandboxKilled(Exception):
@@ -476,6 +510,7 @@ SCENARIOS: dict[str, Callable[[Trial, int], None]] = {
     "dynamodb-faults": dynamodb_faults,
     "ambiguous-writes": ambiguous_writes,
     "executor-timeouts": executor_timeouts,
+    "unmarked-sends": unmarked_sends,
     "executor-faults": executor_faults,
     "webhook-faults": webhook_faults,
     "cancel-reschedule": cancel_and_reschedule_races,

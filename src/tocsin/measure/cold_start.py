@@ -45,7 +45,7 @@ ENVIRONMENT = {
     "AWS_ACCESS_KEY_ID": "cold-start",
     "AWS_SECRET_ACCESS_KEY": "cold-start",
     "TASKS_TABLE": "tocsin-tasks",
-    "IDEMPOTENCY_TABLE": "tocsin-idempotency",
+    "SENT_TABLE": "tocsin-sent",
     "DEAD_LETTER_QUEUE_URL": "https://sqs.us-east-1.amazonaws.com/123456789012/tocsin-dlq",
     "SUBMIT_DEAD_LETTER_QUEUE_URL": "https://sqs.us-east-1.amazonaws.com/123456789012/tocsin-sub",
     "STATE_MACHINE_ARN": "arn:aws:states:us-east-1:123456789012:stateMachine:tocsin",
