@@ -14,16 +14,14 @@ class Failure(BaseModel):
     message: str
 
 
-class TaskView(BaseModel):
-    """A task as its owner sees it (tocsin.model.task_view)."""
+class TaskSummary(BaseModel):
+    """A task in a listing: all but its target and payload (tocsin.model.task_summary)."""
 
     id: str
     status: TaskStatus
     version: int
     due_at: str
     type: TaskType
-    target: dict[str, Any]
-    payload: JsonValue
     max_attempts: int
     attempts: int
     created_at: str
@@ -34,8 +32,17 @@ class TaskView(BaseModel):
     error: Failure | None = None
 
 
+class TaskView(TaskSummary):
+    """A task as its owner sees it, target and payload too (tocsin.model.task_view)."""
+
+    target: dict[str, Any]
+    payload: JsonValue
+
+
 class TaskPage(BaseModel):
-    tasks: list[TaskView]
+    """A page of a listing: summaries, up to `limit` and MAX_PAGE_BYTES of them."""
+
+    tasks: list[TaskSummary]
     next: str | None
 
 

@@ -23,6 +23,7 @@ import urllib3
 from pydantic import BaseModel, ConfigDict
 
 from tocsin.api_models import ScheduleView, TaskView
+from tocsin.api_models import TaskSummary as ApiTaskSummary
 
 _UNSET: Any = object()
 Moments = list[datetime]  # (inside Client, `list` is its method)
@@ -36,8 +37,9 @@ RETRY = urllib3.Retry(
 )
 
 
-class Task(TaskView):
-    """A task as the API shows it (tocsin.api_models.TaskView), its times as datetimes."""
+class TaskSummary(ApiTaskSummary):
+    """A task as a listing shows it (tocsin.api_models.TaskSummary), its times as
+    datetimes: all but its target and payload (`Client.get` has them)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -49,8 +51,12 @@ class Task(TaskView):
     fired_at: datetime | None = None
 
 
+class Task(TaskSummary, TaskView):
+    """A task as the API shows it (tocsin.api_models.TaskView), its times as datetimes."""
+
+
 class TaskPage(BaseModel):
-    tasks: list[Task]
+    tasks: list[TaskSummary]
     next: str | None = None
 
 
@@ -206,7 +212,7 @@ class Client:
         target = "/tasks" + (f"?{urlencode(present)}" if present else "")
         return TaskPage.model_validate(self._call("GET", target))
 
-    def iter_tasks(self, **filters: Any) -> Iterator[Task]:
+    def iter_tasks(self, **filters: Any) -> Iterator[TaskSummary]:
         """Every task matching `list`'s filters, page after page."""
         page = self.list(**filters)
         yield from page.tasks

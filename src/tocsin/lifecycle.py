@@ -18,12 +18,21 @@ from tocsin import clock
 from tocsin.dispatch import dispatch_if_due_soon, stop_own_execution
 from tocsin.errors import Conflict, InvalidTask, NotFound, TaskError
 from tocsin.index_keys import due_index_keys
-from tocsin.model import SCHEDULE_ID_PATTERN, TASK_ID_PATTERN, TaskStatus, task_view
+from tocsin.model import (
+    SCHEDULE_ID_PATTERN,
+    TASK_ID_PATTERN,
+    TaskStatus,
+    task_summary,
+    task_view,
+)
 from tocsin.settings import Settings
 from tocsin.store import OWNER_INDEX_KEY, SCHEDULE_INDEX_KEY, TaskStore
 from tocsin.submit import Timing, invalid, payload_json
 
 MAX_PAGE = 100
+# A page's summaries in JSON stop short of this (Lambda answers 6 MB at most): results and
+# errors are the only fields of unbounded size a summary has.
+MAX_PAGE_BYTES = 1024 * 1024
 
 
 class Listing(BaseModel):
@@ -110,8 +119,16 @@ def list_tasks(query: dict[str, str], owner: str, config: Settings) -> dict[str,
     items, last = TaskStore(config.tasks_table).owned(
         owner, after, before, listing.status, listing.limit, start, listing.schedule
     )
+    tasks, size = [], 0
+    for item in items:
+        summary = task_summary(item)
+        size += len(json.dumps(summary))
+        if tasks and size > MAX_PAGE_BYTES:  # the rest on the next page, from the last shown
+            last = {name: tasks[-1][1][name] for name in names}
+            break
+        tasks.append((summary, item))
     return {
-        "tasks": [task_view(item) for item in items],
+        "tasks": [summary for summary, _ in tasks],
         "next": encode_page_key(last, owner) if last else None,
     }
 

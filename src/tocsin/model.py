@@ -70,16 +70,42 @@ def _error_view(stored: str) -> dict[str, str]:
     return {"type": error.get("Error", ""), "message": str(cause)}
 
 
+# What a listing reads of each task: all a summary shows, and the index keys a page resumes
+# from; never the target or payload (up to 200 KB each: a page of them passed Lambda's 6 MB).
+SUMMARY_ATTRIBUTES = (
+    "task_id",
+    "owner",
+    "schedule_id",
+    "status",
+    "version",
+    "due_at",
+    "due_ms",
+    "task_type",
+    "max_attempts",
+    "attempts",
+    "created_at",
+    "updated_at",
+    "fired_at",
+    "lateness_ms",
+    "result",
+    "error",
+)
+
+
 def task_view(item: dict[str, Any]) -> dict[str, Any]:
     """The task as a caller sees it: stored JSON strings decoded, internal attributes left out."""
+    summary = task_summary(item)
+    return {**summary, "target": json.loads(item["target"]), "payload": json.loads(item["payload"])}
+
+
+def task_summary(item: dict[str, Any]) -> dict[str, Any]:
+    """The task as a listing shows it: all but its target and payload."""
     view: dict[str, Any] = {
         "id": item["task_id"],
         "status": item["status"],
         "version": int(item["version"]),
         "due_at": item["due_at"],
         "type": item["task_type"],
-        "target": json.loads(item["target"]),
-        "payload": json.loads(item["payload"]),
         "max_attempts": int(item.get("max_attempts", DEFAULT_MAX_ATTEMPTS)),
         "attempts": int(item.get("attempts", 0)),
         "created_at": item["created_at"],

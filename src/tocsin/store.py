@@ -15,7 +15,7 @@ from botocore.exceptions import ClientError
 
 from tocsin import aws
 from tocsin.errors import Busy
-from tocsin.model import TaskStatus
+from tocsin.model import SUMMARY_ATTRIBUTES, TaskStatus
 
 DUE_INDEX = "DispatchIndex"  # by shard and time: PENDING in due shards, others in check ones
 # Listing reads keys-only indexes, then the tasks by key: a task's state changes do not
@@ -206,11 +206,14 @@ class TaskStore:
                 yield [(entry, tasks.get(entry["task_id"])) for entry in entries], more
 
     def _tasks(self, task_ids: list[str]) -> dict[str, dict[str, Any]]:
-        """Up to 100 tasks by id, in one BatchGetItem and, for any keys DynamoDB leaves
-        unprocessed (it does under throttling), a few more with backoff."""
+        """Up to 100 tasks by id, what a summary shows of them (SUMMARY_ATTRIBUTES), in one
+        BatchGetItem and, for any keys DynamoDB leaves unprocessed (it does under throttling),
+        a few more with backoff."""
         found: dict[str, dict[str, Any]] = {}
         keys = [{"task_id": task_id} for task_id in dict.fromkeys(task_ids)]
-        request = {self._table.name: {"Keys": keys}} if keys else {}
+        names = {f"#a{i}": name for i, name in enumerate(SUMMARY_ATTRIBUTES)}
+        asked = {"Keys": keys, "ProjectionExpression": ", ".join(names)}
+        request = {self._table.name: asked | {"ExpressionAttributeNames": names}} if keys else {}
         for attempt in range(UNPROCESSED_TRIES):
             if not request:
                 return found

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from moto.core.botocore_stubber import MockRawResponse
 
 from tests.conftest import all_tasks, call_api, hooked, wait_for_status, webhook_task
-from tocsin import aws, clock
+from tocsin import aws, clock, lifecycle
+from tocsin.local.runtime import RESPONSE_LIMIT_BYTES, LocalFunction, ResponseSizeTooLarge
 from tocsin.local.server import api_event
 from tocsin.measure.chaos import wake_ms
 from tocsin.model import owner_id
@@ -135,6 +136,51 @@ def test_a_role_sees_its_tasks_from_every_session(runtime, session, another):
     status, task = call_api(runtime, "GET", "/tasks/t-1", principal=another)
     assert status == 200 and task["id"] == "t-1"
     assert call_api(runtime, "DELETE", "/tasks/t-1", principal=another)[0] == 200
+
+
+def test_a_page_of_tasks_with_large_payloads_fits_lambdas_response(runtime):
+    """A hundred tasks of 60 KB payloads: their page was 6 MB with the payloads, past what
+    Lambda answers (an API Gateway caller got a 500 on AWS). A listing shows summaries; a
+    task's own GET still has its target and payload."""
+    payload = {"blob": "x" * 60_000}
+    for i in range(100):
+        body = sns_task(f"big-{i:03}", due_in_ms=HOUR_MS + i) | {"payload": payload}
+        assert call_api(runtime, "POST", "/tasks", body)[0] == 201
+    status, page = call_api(runtime, "GET", "/tasks?limit=100")
+    assert status == 200 and [t["id"] for t in page["tasks"]] == [f"big-{i:03}" for i in range(100)]
+    assert all("payload" not in t and "target" not in t for t in page["tasks"])
+    assert page["tasks"][0]["status"] == "PENDING" and page["next"] is None
+    status, task = call_api(runtime, "GET", "/tasks/big-007")
+    assert status == 200 and task["payload"] == payload and task["target"]["topic_arn"]
+
+
+def test_a_page_stops_short_of_its_size_and_the_next_goes_on(runtime, monkeypatch):
+    """Summaries are small, but a result or an error has no fixed size: a page stops before
+    MAX_PAGE_BYTES of them (here, one byte: a page holds its first task only), and `next`
+    continues from its last task."""
+    for i in range(7):
+        call_api(runtime, "POST", "/tasks", sns_task(f"t-{i}", due_in_ms=HOUR_MS + i))
+    monkeypatch.setattr(lifecycle, "MAX_PAGE_BYTES", 1)
+    pages, token = [], None
+    while True:
+        _, page = call_api(runtime, "GET", "/tasks?limit=100" + (f"&next={token}" if token else ""))
+        pages.append([t["id"] for t in page["tasks"]])
+        if not (token := page["next"]):
+            break
+    assert pages == [[f"t-{i}"] for i in range(7)]
+
+
+def test_a_reply_past_lambdas_limit_fails_here_as_on_aws(runtime):
+    """Lambda refuses a synchronous response over 6,291,556 bytes (Function.ResponseSize-
+    TooLarge); the embedded runtime, which has no limit of its own, refuses it too, so a
+    reply that grows past it fails a test here rather than on AWS (a user's function
+    stands in)."""
+    runtime.functions["Big"] = LocalFunction(
+        "Big", "big", "arn:aws:lambda:us-east-1:123456789012:function:big",
+        lambda event, context: {"body": "x" * RESPONSE_LIMIT_BYTES}, 3.0, 128, "arm64",
+    )  # fmt: skip
+    with pytest.raises(ResponseSizeTooLarge, match=f"\\({RESPONSE_LIMIT_BYTES} bytes\\)"):
+        runtime.invoke("Big", {})
 
 
 def test_list_pages_through_the_callers_tasks_earliest_first_with_filters(runtime):

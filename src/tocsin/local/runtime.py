@@ -96,6 +96,10 @@ PROCESS_ENVIRONMENT = {
 # KeyError '_route'); the executors' invocations must overlap, as their gates do on AWS.
 ONE_AT_A_TIME = {"ApiFunction"}
 QUEUE_POLL_INTERVAL_S = 1.0
+# Lambda's limit on a synchronous invocation's response, as it counts it (the quotas page's
+# "6 MB"; its error names this figure). The local runtime has no limit of its own: without
+# this, a listing past it answered locally and failed on AWS.
+RESPONSE_LIMIT_BYTES = 6_291_556
 # Collect the young generation every 10,000 new objects instead of 700: moto allocates
 # heavily, and most of what survives a collection is the services' state, not garbage.
 YOUNG_GC_THRESHOLD = 10_000
@@ -128,6 +132,13 @@ def _load_handler(code_dir: Path, handler: str, logical_id: str) -> Callable[[An
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return getattr(module, attribute)
+
+
+class ResponseSizeTooLarge(Exception):
+    """What Lambda answers for a response past RESPONSE_LIMIT_BYTES (an API Gateway caller
+    gets a 500)."""
+
+    error_type = "Function.ResponseSizeTooLarge"
 
 
 class EmbeddedRuntime:
@@ -262,7 +273,13 @@ class EmbeddedRuntime:
         started = time.perf_counter()
         try:
             with self._turns.get(logical_id, nullcontext()):
-                return function.handler(event, context)
+                result = function.handler(event, context)
+            if len(json.dumps(result).encode()) > RESPONSE_LIMIT_BYTES:
+                raise ResponseSizeTooLarge(
+                    f"Response payload size exceeded maximum allowed payload size "
+                    f"({RESPONSE_LIMIT_BYTES} bytes)."
+                )
+            return result
         finally:
             self.usage[logical_id, "invocations"] += 1
             self.usage[logical_id, "ms"] += math.ceil((time.perf_counter() - started) * 1000)
@@ -466,7 +483,8 @@ class EmbeddedRuntime:
                 result = self.invoke(function.logical_id, event)
                 answer.append((json.dumps(result).encode(), False))
             except Exception as error:
-                answer.append((_function_error(type(error).__name__, str(error)), True))
+                name = getattr(error, "error_type", type(error).__name__)
+                answer.append((_function_error(name, str(error)), True))
             finally:
                 with self._invocations_done:
                     self._invoking -= 1
