@@ -8,6 +8,7 @@ models and each reply against tocsin.api_models, and describes both in the OpenA
 "field"}}` with a 4xx.
 """
 
+import base64
 import json
 import re
 from http import HTTPStatus
@@ -234,6 +235,15 @@ def invalid_request(error: RequestValidationError) -> Response[Any]:
     return _error(HTTPStatus.BAD_REQUEST, code, message, field)
 
 
+JSON_KINDS = {
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+    type(None): "null",
+}
+
 # The methods of each path, for a 405 (API Gateway answers 404 before the function on AWS).
 METHODS = {
     re.compile(r"/tasks"): "GET, POST",
@@ -258,20 +268,41 @@ def no_route(_: NotFoundError) -> Response[Any]:
 
 
 def resolve(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    """Answer one request. A body is read as JSON only: any other media type is refused
-    here, before Powertools would parse it as a form or as multipart."""
+    """Answer one request. A body is read as one JSON object only, refused here otherwise:
+    Powertools would parse another media type as a form or as multipart, and validates a
+    JSON array against a route's model by its first element (two tasks in one POST made
+    the first and dropped the second: powertools-lambda-python issue 8057)."""
+    refusal = _refused_body(event)
+    if refusal is None:
+        return app.resolve(event, context)
+    return {
+        "statusCode": refusal.status_code,
+        "headers": {"Content-Type": content_types.APPLICATION_JSON},
+        "body": json.dumps(refusal.body),
+    }
+
+
+def _refused_body(event: dict[str, Any]) -> Response[Any] | None:
+    """The refusal of a body that is not JSON, or JSON but not an object; None if it may
+    pass (no body, an object, or JSON Powertools refuses as such)."""
+    body = event.get("body")
+    if not body:
+        return None
     media_type = (event.get("headers") or {}).get("content-type", "").split(";")[0].strip()
-    if event.get("body") and media_type not in ("", content_types.APPLICATION_JSON):
+    if media_type not in ("", content_types.APPLICATION_JSON):
         message = f"body: send JSON (Content-Type: application/json), not {media_type}"
-        refusal = _error(
-            HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", message, "body"
-        )
-        return {
-            "statusCode": refusal.status_code,
-            "headers": {"Content-Type": content_types.APPLICATION_JSON},
-            "body": json.dumps(refusal.body),
-        }
-    return app.resolve(event, context)
+        return _error(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", message, "body")
+    try:
+        raw = base64.b64decode(body) if event.get("isBase64Encoded") else body
+        value = json.loads(raw)
+    except ValueError:
+        return None  # Powertools says it is not valid JSON
+    if isinstance(value, dict):
+        return None
+    path = event.get("rawPath") or event.get("requestContext", {}).get("http", {}).get("path", "")
+    code = "invalid_schedule" if path.startswith("/schedules") else "invalid_task"
+    message = f"body: send one JSON object, not {JSON_KINDS[type(value)]}"
+    return _error(HTTPStatus.BAD_REQUEST, code, message, "body")
 
 
 def openapi_document() -> dict[str, Any]:

@@ -75,19 +75,43 @@ def error_code(error: Exception) -> str:
     return str(response.get("Error", {}).get("Code", ""))
 
 
-_THROTTLING = {
-    "Throttling",
-    "ThrottlingException",
-    "ThrottledException",
-    "TooManyRequestsException",
-    "RequestLimitExceeded",
-    "ProvisionedThroughputExceededException",
-    "SlowDown",
-}
+# Every code botocore's standard retry mode retries as throttling (ThrottledRetryableChecker
+# in botocore/retries/standard.py; a test checks this holds them all), besides any code that
+# says so itself (KMSThrottlingException, say): a service that answers one is busy, not
+# refusing the request, so it is worth another attempt later.
+THROTTLING_CODES = frozenset(
+    {
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottledException",
+        "TooManyRequestsException",
+        "ProvisionedThroughputExceededException",
+        "TransactionInProgressException",
+        "RequestLimitExceeded",
+        "BandwidthLimitExceeded",
+        "LimitExceededException",
+        "RequestThrottled",
+        "SlowDown",
+        "PriorRequestNotComplete",
+        "EC2ThrottledException",
+    }
+)
+# What botocore retries as transient besides a 5xx (TransientRetryableChecker).
+TIMEOUT_CODES = frozenset({"RequestTimeout", "RequestTimeoutException"})
+
+
+def _status(error: Exception) -> int:
+    response = getattr(error, "response", None) or {}
+    return int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+
+
+def is_throttling(error: Exception) -> bool:
+    """The service is busy: it refused the request for its rate, not for what it asked."""
+    code = error_code(error)
+    return code in THROTTLING_CODES or "Throttl" in code or _status(error) == 429
 
 
 def is_transient(error: Exception) -> bool:
-    """Throttling or a server-side fault: worth another attempt later."""
-    response = getattr(error, "response", None) or {}
-    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-    return error_code(error) in _THROTTLING or status == 429 or status >= 500
+    """Throttling, a timeout or a server-side fault: worth another attempt later."""
+    return is_throttling(error) or error_code(error) in TIMEOUT_CODES or _status(error) >= 500

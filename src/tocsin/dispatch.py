@@ -18,9 +18,11 @@ import json
 import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
 
 from tocsin import aws, clock
 from tocsin.index_keys import check_index_keys
@@ -103,6 +105,10 @@ def pack(tasks: list[DueTask], window_ms: int, batch_size: int) -> list[Batch]:
 class Outcome(StrEnum):
     STARTED = "started"
     ALREADY_STARTED = "already_started"
+    # The batch's name was an execution's that had ended (it never settled these tasks: a
+    # crash between start and mark, say): started again under a new name.
+    RENAMED = "renamed"
+    CLOSED = "closed"  # that ended execution, before the tasks are renamed (not reported)
     THROTTLED = "throttled"
     FAILED = "failed"
     DEFERRED = "deferred"  # not attempted: the time budget ran out first
@@ -212,8 +218,10 @@ def start(batch: Batch, settings: Settings, stagger_s: int = 0) -> tuple[Outcome
         )["executionArn"]
         return Outcome.STARTED, arn
     except sfn.exceptions.ExecutionAlreadyExists:
+        # Taken by a running execution (one started before, its input since restaggered), or
+        # by one that has ended: then marking its tasks would leave them for the reconciler.
         arn = execution_arn(settings.state_machine_arn, batch.execution_name)
-        return Outcome.ALREADY_STARTED, arn
+        return (Outcome.CLOSED, None) if _ended(sfn, arn) else (Outcome.ALREADY_STARTED, arn)
     except Exception as error:  # the tasks stay PENDING: the next finder run tries again
         outcome = Outcome.THROTTLED if aws.is_transient(error) else Outcome.FAILED
         logger.warning(
@@ -223,6 +231,28 @@ def start(batch: Batch, settings: Settings, stagger_s: int = 0) -> tuple[Outcome
             error=aws.error_code(error),
         )
         return outcome, None
+
+
+def _ended(sfn: Any, arn: str) -> bool:
+    """Whether DescribeExecution says the execution has ended (a refusal says no: its
+    tasks are marked, and the reconciler looks at them if it has)."""
+    try:
+        return bool(sfn.describe_execution(executionArn=arn)["status"] != "RUNNING")
+    except (BotoCoreError, ClientError) as fault:
+        logger.warning("execution not described", error=aws.error_code(fault))
+        return False
+
+
+def renamed(store: TaskStore, batch: Batch) -> Batch:
+    """The batch's tasks counted in `requeues` (those still PENDING): a batch of a new name."""
+    now_iso = clock.to_iso(clock.now_ms())
+    return Batch(
+        tuple(
+            replace(task, requeues=task.requeues + 1)
+            for task in batch.tasks
+            if store.rename(task.task_id, task.version, task.requeues, now_iso)
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -236,11 +266,12 @@ class DispatchReport:
     @property
     def backlog(self) -> int:
         """Tasks left PENDING for the next run."""
-        done = self.outcomes[Outcome.STARTED] + self.outcomes[Outcome.ALREADY_STARTED]
+        going = (Outcome.STARTED, Outcome.ALREADY_STARTED, Outcome.RENAMED)
+        done = sum(self.outcomes[outcome] for outcome in going)
         return self.found - done
 
     def as_dict(self) -> dict[str, int]:
-        counts = {outcome.value: self.outcomes[outcome] for outcome in Outcome}
+        counts = {o.value: self.outcomes[o] for o in Outcome if o is not Outcome.CLOSED}
         return {
             "found": self.found,
             **counts,
@@ -269,7 +300,14 @@ def dispatch_all(tasks: list[DueTask], settings: Settings, deadline: float) -> D
         def one(batch: Batch) -> Outcome:
             if time.monotonic() >= deadline:
                 return Outcome.DEFERRED
-            outcome, arn = start(batch, settings, stagger[batch])
+            stagger_s = stagger[batch]
+            outcome, arn = start(batch, settings, stagger_s)
+            if outcome is Outcome.CLOSED:
+                batch = renamed(store, batch)
+                if not batch.tasks:  # none still PENDING: what changed them settles them
+                    return Outcome.ALREADY_STARTED
+                outcome, arn = start(batch, settings, stagger_s)
+                outcome = Outcome.RENAMED if arn is not None else outcome
             if arn is not None:
                 for task in batch.tasks:
                     check = check_index_keys(task.task_id, task.due_ms, settings)

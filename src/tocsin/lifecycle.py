@@ -135,8 +135,8 @@ def list_tasks(query: dict[str, str], owner: str, config: Settings) -> dict[str,
 
 def cancel_task(task_id: str, owner: str, config: Settings) -> dict[str, Any]:
     """Cancel an unclaimed task, then stop its own execution (its claim fails anyway)."""
-    store = TaskStore(config.tasks_table)
-    item = store.cancel(check_id(task_id), owner, clock.to_iso(clock.now_ms()))
+    store, now_ms = TaskStore(config.tasks_table), clock.now_ms()
+    item = store.cancel(check_id(task_id), owner, clock.to_iso(now_ms), config.expires_at(now_ms))
     if item is None:
         raise _unchangeable(store, task_id, owner, "cancelled")
     stop_own_execution(item, "cancelled")

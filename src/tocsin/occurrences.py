@@ -155,7 +155,10 @@ def cancel_leftovers(
     cancelled = 0
     for due in _until(occurrences, occurrences.first_from(now) or until, until):
         task = store.cancel_occurrence(
-            occurrence_id(before["schedule_id"], due), revision, clock.to_iso(now)
+            occurrence_id(before["schedule_id"], due),
+            revision,
+            clock.to_iso(now),
+            config.expires_at(now),
         )
         if task is not None:
             stop_own_execution(task, "its schedule changed")

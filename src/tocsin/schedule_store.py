@@ -174,20 +174,25 @@ class ScheduleStore:
             return Turned.CHANGED  # the schedule moved, or another write was in progress
         return Turned.TASK
 
-    def cancel_occurrence(self, task_id: str, revision: int, now_iso: str) -> dict[str, Any] | None:
+    def cancel_occurrence(
+        self, task_id: str, revision: int, now_iso: str, expires_at: int
+    ) -> dict[str, Any] | None:
         """CANCELLED, if still unclaimed and made by an older revision of its schedule (or by
-        any, with `revision` above every one): the task, or None if it was not."""
+        any, with `revision` above every one), for TTL to delete at `expires_at`: the task,
+        or None if it was not."""
         try:
             reply = self._client.update_item(
                 TableName=self._tables[1],
                 Key={"task_id": _serialize(task_id)},
-                UpdateExpression="SET #s = :cancelled, updated_at = :now REMOVE gsi_pk, gsi_due_ms",
+                UpdateExpression="SET #s = :cancelled, updated_at = :now, expires_at = :expires "
+                "REMOVE gsi_pk, gsi_due_ms",
                 ConditionExpression="schedule_revision < :rev AND #s IN (:pending, :scheduled)",
                 ExpressionAttributeNames={"#s": "status"},
                 ExpressionAttributeValues=_values(
                     {
                         ":cancelled": TaskStatus.CANCELLED.value,
                         ":now": now_iso,
+                        ":expires": expires_at,
                         ":rev": revision,
                         ":pending": TaskStatus.PENDING.value,
                         ":scheduled": TaskStatus.SCHEDULED.value,

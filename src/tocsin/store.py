@@ -30,11 +30,6 @@ SCHEDULE_INDEX_KEY = ("task_id", "schedule_id", "due_ms")
 LAST_FIRED_PAGE = 10
 LAST_FIRED_LOOKS = 25
 BATCH_GET_MAX = 100  # keys in one BatchGetItem
-THROTTLED = {
-    "ProvisionedThroughputExceededException",
-    "ThrottlingException",
-    "RequestLimitExceeded",
-}
 BUSY = "the tasks table is busy: send the same request again"
 UNPROCESSED_TRIES = 5  # BatchGetItem calls for one page of tasks, the first included
 UNPROCESSED_BACKOFF_S = 0.05  # before the second; doubled before each next
@@ -227,13 +222,17 @@ class TaskStore:
             raise Busy(BUSY)
         return found
 
-    def cancel(self, task_id: str, owner: str, now_iso: str) -> dict[str, Any] | None:
-        """CANCELLED if the owner's task is not claimed yet; the task, or None if it was not."""
+    def cancel(
+        self, task_id: str, owner: str, now_iso: str, expires_at: int
+    ) -> dict[str, Any] | None:
+        """CANCELLED if the owner's task is not claimed yet, for TTL to delete at
+        `expires_at`; the task, or None if it was not."""
         return self._update_if_changeable(
             task_id,
             owner,
-            "SET #s = :cancelled, updated_at = :now REMOVE gsi_pk, gsi_due_ms",
-            {":cancelled": TaskStatus.CANCELLED.value, ":now": now_iso},
+            "SET #s = :cancelled, updated_at = :now, expires_at = :expires "
+            "REMOVE gsi_pk, gsi_due_ms",
+            {":cancelled": TaskStatus.CANCELLED.value, ":now": now_iso, ":expires": expires_at},
         )
 
     def reschedule(
@@ -420,6 +419,24 @@ class TaskStore:
             returning="ALL_NEW",
         )
 
+    def rename(self, task_id: str, version: int, requeues: int, now_iso: str) -> bool:
+        """A PENDING task whose execution name an ended execution holds (it ended without
+        settling it): counted in `requeues`, which names its next execution anew. False if
+        it changed meanwhile."""
+        renamed = self._update(
+            task_id,
+            "SET requeues = :next, updated_at = :now",
+            "#s = :pending AND #v = :v AND (attribute_not_exists(requeues) OR requeues = :seen)",
+            {
+                ":pending": TaskStatus.PENDING.value,
+                ":v": version,
+                ":seen": requeues,
+                ":next": requeues + 1,
+                ":now": now_iso,
+            },
+        )
+        return renamed is not None
+
     def fail_in_flight(
         self, task_id: str, version: int, fields: dict[str, Any]
     ) -> dict[str, Any] | None:
@@ -508,7 +525,7 @@ def _busy_when_throttled() -> Iterator[None]:
     try:
         yield
     except ClientError as error:
-        if error.response.get("Error", {}).get("Code") in THROTTLED:
+        if aws.is_throttling(error):
             raise Busy(BUSY) from error
         raise
 

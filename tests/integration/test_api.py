@@ -17,7 +17,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from moto.core.botocore_stubber import MockRawResponse
 
-from tests.conftest import all_tasks, call_api, hooked, wait_for_status, webhook_task
+from tests.conftest import all_tasks, call_api, hooked, stored, wait_for_status, webhook_task
 from tocsin import aws, clock, lifecycle
 from tocsin.local.runtime import RESPONSE_LIMIT_BYTES, LocalFunction, ResponseSizeTooLarge
 from tocsin.local.server import api_event
@@ -136,6 +136,17 @@ def test_a_role_sees_its_tasks_from_every_session(runtime, session, another):
     status, task = call_api(runtime, "GET", "/tasks/t-1", principal=another)
     assert status == 200 and task["id"] == "t-1"
     assert call_api(runtime, "DELETE", "/tasks/t-1", principal=another)[0] == 200
+
+
+def test_a_cancelled_task_is_deleted_by_ttl_after_the_retention(runtime):
+    """CANCELLED is final: the task gets `expires_at`, as SUCCEEDED and FAILED ones do, and
+    DynamoDB's TTL deletes it RetentionDays after the cancel (before, it stayed for good)."""
+    call_api(runtime, "POST", "/tasks", sns_task("t-1"))
+    before_s = clock.now_ms() // 1000
+    assert call_api(runtime, "DELETE", "/tasks/t-1")[0] == 200
+    after_s = clock.now_ms() // 1000
+    retention_s = settings().retention_days * 86_400
+    assert before_s + retention_s <= int(stored("t-1")["expires_at"]) <= after_s + retention_s + 1
 
 
 def test_a_page_of_tasks_with_large_payloads_fits_lambdas_response(runtime):

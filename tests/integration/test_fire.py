@@ -11,6 +11,7 @@ from standardwebhooks.webhooks import Webhook
 from tests.conftest import (
     http_server,
     runtime_with,
+    store_pending,
     store_task,
     stored,
     wait_for_status,
@@ -161,3 +162,31 @@ def test_a_hanging_target_holds_up_no_other_task_of_its_batch(runtime, receiver)
     assert arrived["after-hung"] >= due + 300
     assert arrived["after-hung"] < arrived["hung"] + receiver.hang_s * 1000  # still hanging
     assert stored("hung")["status"] == "RUNNING"
+
+
+def test_a_name_an_ended_execution_holds_starts_the_task_again_under_a_new_one(runtime, receiver):
+    """The task's execution name is taken by an execution that ended without settling it
+    (started, then stopped, before the finder's mark: a crash between start and mark, and
+    an operator's stop). StartExecution answers ExecutionAlreadyExists, as for one still
+    running; the finder asks, and starts the task again under a new name at once, rather
+    than marking it for the reconciler to find a quarter of an hour later."""
+    [task_id] = store_pending(receiver.url, 1, 12_000, "taken")
+    sfn = boto3.client("stepfunctions")
+    later = clock.to_iso_second(clock.now_ms() + 60_000)
+    waiting = {"wake_at": later, "task_type": "webhook", "executor": 0, "tasks": []}
+    ended = sfn.start_execution(
+        stateMachineArn=runtime.state_machine_arn, name=f"{task_id}-v1", input=json.dumps(waiting)
+    )["executionArn"]
+    deadline = time.monotonic() + 10
+    while sfn.describe_execution(executionArn=ended)["status"] == "RUNNING":
+        # again until it ends: moto loses a stop that comes before the Wait has begun
+        assert time.monotonic() < deadline, "the execution would not stop"
+        sfn.stop_execution(executionArn=ended)
+        time.sleep(0.2)
+    report = runtime.run_finder()
+    assert (report["renamed"], report["already_started"], report["backlog"]) == (1, 0, 0)
+    item = stored(task_id)
+    assert item["status"] == "SCHEDULED" and int(item["requeues"]) == 1
+    assert item["execution_arn"].endswith(f":{task_id}-v1r1")
+    wait_for_status(task_id, {"SUCCEEDED"})
+    assert [a.task_id for a in receiver.received()] == [task_id]

@@ -17,6 +17,7 @@ from tocsin import clock
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.settings import MAX_PAYLOAD_BYTES
 
+SNS = {"topic_arn": "arn:aws:sns:us-east-1:123456789012:alerts"}
 QUEUES = ("DeadLetterQueueUrl", "SubmitQueueUrl", "SubmitDeadLetterQueueUrl")
 
 
@@ -90,6 +91,9 @@ BAD_REQUESTS = [
         "target.topic_arn",
     ),
     ("POST", "/tasks", [1, 2, 3], "body"),
+    ("POST", "/tasks", sns_task() | {"target": SNS | {"subject": "s" * 100}}, "target.subject"),
+    ("POST", "/tasks", sns_task() | {"target": SNS | {"subject": "two\nlines"}}, "target.subject"),
+    ("POST", "/tasks", sns_task() | {"target": SNS | {"subject": "bell\x07"}}, "target.subject"),
     ("GET", "/tasks?limit=0", None, "limit"),
     ("GET", "/tasks?limit=ten", None, "limit"),
     ("GET", "/tasks?status=LOST", None, "status"),
@@ -102,6 +106,32 @@ BAD_REQUESTS = [
     ("PATCH", "/tasks/t-1", {"due_at": "2027-01-15T10:00:00"}, "due_at"),
     ("PATCH", "/tasks/t-1", {"due_at": 1_800_000_000}, "due_at"),
 ]
+
+
+SCHEDULE = {
+    "expression": "rate(1 minute)",
+    "type": "sns",
+    "target": {"topic_arn": "arn:aws:sns:us-east-1:123456789012:alerts"},
+}
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "one"),
+    [
+        ("POST", "/tasks", sns_task()),
+        ("PATCH", "/tasks/t-1", {"payload": {"n": 2}}),
+        ("POST", "/schedules", SCHEDULE),
+        ("PATCH", "/schedules/s-1", {"state": "PAUSED"}),
+    ],
+)
+def test_a_body_of_more_than_one_json_object_is_refused_on_every_route(quiet, method, target, one):
+    """Two valid bodies in an array: refused whole, naming `body` (Powertools validated an
+    array by its first element, so POST /tasks made the first task and dropped the second);
+    so is a JSON value that is no object at all."""
+    for body in ([one, one], "null", "42"):
+        status, error = call_api(quiet, method, target, body)
+        assert status == 400 and error["error"]["field"] == "body", (body, error)
+        assert "one JSON object" in error["error"]["message"]
 
 
 @pytest.mark.parametrize(("method", "target", "body", "field"), BAD_REQUESTS)
@@ -177,6 +207,7 @@ def test_generated_scheduled_event_runs_the_finder(quiet):
         "found": 0,
         "started": 0,
         "already_started": 0,
+        "renamed": 0,
         "throttled": 0,
         "failed": 0,
         "deferred": 0,

@@ -20,7 +20,11 @@ class SnsTarget(Target):
     topic_arn: str = Field(
         pattern=rf"^{PARTITION}:sns:{ACCOUNT_REGION}:[A-Za-z0-9_-]{{1,256}}(\.fifo)?$"
     )
-    subject: str | None = Field(default=None, min_length=1, max_length=100)
+    # SNS refuses at publish a subject of 100 characters or more, or with a line break or
+    # another control character (Publish, Subject): refused here, at submit, instead.
+    subject: str | None = Field(
+        default=None, min_length=1, max_length=99, pattern=r"^[^\x00-\x1f\x7f-\x9f]+$"
+    )
     message_group_id: str | None = Field(default=None, min_length=1, max_length=128)
 
     def send(self, delivery: Delivery) -> dict[str, Any]:
