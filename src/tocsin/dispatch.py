@@ -85,9 +85,15 @@ class Batch:
         return f"{self.task_type}-{self.first_due_ms}-{digest}"
 
 
+# A webhook task holds a connection, a file descriptor, from before its gate to its answer,
+# and a Lambda environment has 1,024 of them: a webhook batch holds at most this many tasks.
+WEBHOOK_BATCH_MAX = 256
+
+
 def pack(tasks: list[DueTask], window_ms: int, batch_size: int) -> list[Batch]:
     """Tasks of one type whose due times fall in the same window (windows aligned to
-    multiples of `window_ms`), at most `batch_size` a batch; earliest first.
+    multiples of `window_ms`), at most `batch_size` a batch (WEBHOOK_BATCH_MAX for
+    webhooks); earliest first.
 
     Two finders that see different tasks may pack them differently: each task still fires
     once, for only one execution can claim it.
@@ -95,11 +101,11 @@ def pack(tasks: list[DueTask], window_ms: int, batch_size: int) -> list[Batch]:
     windows: dict[tuple[TaskType, int], list[DueTask]] = {}
     for task in sorted(tasks):
         windows.setdefault((task.task_type, task.due_ms // window_ms), []).append(task)
-    return sorted(
-        Batch(tuple(members[i : i + batch_size]))
-        for members in windows.values()
-        for i in range(0, len(members), batch_size)
-    )
+    batches = []
+    for (task_type, _), members in windows.items():
+        size = min(batch_size, WEBHOOK_BATCH_MAX) if task_type is TaskType.WEBHOOK else batch_size
+        batches += [Batch(tuple(members[i : i + size])) for i in range(0, len(members), size)]
+    return sorted(batches)
 
 
 class Outcome(StrEnum):

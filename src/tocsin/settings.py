@@ -45,7 +45,7 @@ class Settings(BaseModel):
     def claims_per_second(self) -> int:
         """Tasks the executors may claim in one second: one write each on the Tasks table,
         at the rate the table is warmed for."""
-        return self.table_warm_writes_per_second or NEW_TABLE_WRITES_PER_SECOND
+        return max(self.table_warm_writes_per_second, NEW_TABLE_WRITES_PER_SECOND)
 
     def expires_at(self, due_ms: int) -> int:
         """When DynamoDB's TTL deletes a finished task due at `due_ms` (epoch seconds)."""

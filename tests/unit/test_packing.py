@@ -3,7 +3,7 @@
 import json
 import re
 
-from tocsin.dispatch import Batch, DueTask, execution_input, pack
+from tocsin.dispatch import Batch, DueTask, execution_input, pack, staggers
 from tocsin.model import TaskType
 from tocsin.settings import BATCH_SIZE_LIMIT, Settings
 
@@ -68,3 +68,28 @@ def test_an_occurrence_is_named_in_the_characters_cloudwatch_logs_accepts():
     assert occurrence.execution_name != lookalike.execution_name
     longest = Batch((DueTask(1000, f"{'s' * 48}.{1795596423182}", 2, TaskType.SQS, 9),))
     assert len(longest.execution_name) <= 80
+
+
+def test_a_table_warmed_below_a_new_tables_rate_plans_claims_at_that_rate():
+    """A new on-demand table takes 4,000 writes a second: a smaller TableWarmWritesPerSecond
+    (warm throughput cannot go below it) must not slow the plan down. Eight batches of 500
+    claims due in one second all wake in their own second, as with no warming at all."""
+    tasks = [task(i % 1000, f"t{i:04d}") for i in range(4000)]
+    batches = pack(tasks, window_ms=1000, batch_size=500)
+    now_ms = SECOND - 60_000
+    for warm in (0, 1000):
+        config = Settings(TABLE_WARM_WRITES_PER_SECOND=warm, LEAD_MS=2000)
+        assert config.claims_per_second == 4000
+        assert set(staggers(batches, config, now_ms).values()) == {0}
+    warmed = Settings(TABLE_WARM_WRITES_PER_SECOND=8000, LEAD_MS=2000)
+    assert warmed.claims_per_second == 8000
+
+
+def test_a_webhook_batch_holds_no_more_connections_than_a_lambda_has_descriptors_for():
+    """Each webhook task holds a connection (a file descriptor, of Lambda's 1,024) from
+    before its gate to its answer: a webhook batch stops at 256; other types at the size."""
+    webhooks = [task(i, f"w{i:03d}") for i in range(600)]
+    queues = [task(i, f"q{i:03d}", TaskType.SQS) for i in range(600)]
+    batches = pack(webhooks + queues, window_ms=1000, batch_size=500)
+    sizes = {kind: [len(b.tasks) for b in batches if b.task_type is kind] for kind in TaskType}
+    assert sizes[TaskType.WEBHOOK] == [256, 256, 88] and sizes[TaskType.SQS] == [500, 100]

@@ -63,7 +63,7 @@ def test_staggered_wakes_never_fall_before_now_nor_too_early():
 def test_a_burst_wakes_no_faster_than_the_table_can_take_its_claims():
     config = Settings(LEAD_MS=2000, TABLE_WARM_WRITES_PER_SECOND=0)  # a new table: 4,000/s
     due = 1_800_000_010_000
-    tasks = [DueTask(due + i % 1000, f"t{i}", 1, TaskType.WEBHOOK) for i in range(20_000)]
+    tasks = [DueTask(due + i % 1000, f"t{i}", 1, TaskType.SQS) for i in range(20_000)]
     batches = pack(tasks, window_ms=1000, batch_size=500)
     stagger = staggers(batches, config, now_ms=due - 60_000)
     claims = Counter()

@@ -6,13 +6,22 @@ The host is resolved and checked, the signing secret fetched and the connection 
 connection goes to that checked address (TLS still verifies the host name), so DNS cannot
 be rebound between check and use.
 Redirects are not followed: a 3xx is a permanent failure.
+
+An attempt ends by its limit whatever the receiver does: a read timeout starts again with
+every byte, so a receiver that trickled its answer's head held an attempt as long as it
+liked; at the limit, a watchdog shuts the connection's socket. The HTTPS connections of an
+executor share one TLS context (a context of their own cost each task its certificates).
 """
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
+import os
+import socket
 import ssl
+import threading
 from functools import cache
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
@@ -165,10 +174,14 @@ class WebhookTarget(Target):
         }
         if parts.scheme == "https":
             host = parts.hostname or ""
-            return urllib3.HTTPSConnectionPool(
-                self._address, server_hostname=host, assert_hostname=host, **common
+            return _WatchedHTTPSPool(
+                self._address,
+                server_hostname=host,
+                assert_hostname=host,
+                ssl_context=_tls_context(os.environ.get("SSL_CERT_FILE")),
+                **common,
             )
-        return urllib3.HTTPConnectionPool(self._address, **common)
+        return _WatchedHTTPPool(self._address, **common)
 
     def _post(self, parts: SplitResult, body: bytes, headers: dict[str, str]) -> int:
         pool = self._pool
@@ -182,6 +195,9 @@ class WebhookTarget(Target):
         path = parts.path or "/"
         if parts.query:
             path = f"{path}?{parts.query}"
+        shut = threading.Event()
+        watchdog = threading.Timer(self.attempt_limit_s, _shut, (pool, shut))
+        watchdog.start()
         try:
             with pool:  # the body is not read: a receiver that trickles it holds no attempt
                 response = pool.urlopen(
@@ -195,16 +211,60 @@ class WebhookTarget(Target):
                 )
                 response.close()
         except urllib3.exceptions.HTTPError as error:
+            _within_limit(shut, self.attempt_limit_s)
             reason = getattr(error, "reason", error)
             # A certificate that does not verify will not verify on a retry either.
             if isinstance(reason, urllib3.exceptions.SSLError):
                 raise PermanentTargetError(f"webhook TLS failed: {reason}") from error
             raise TransientTargetError(f"webhook request failed: {_failure(error)}") from error
+        finally:
+            watchdog.cancel()
+        _within_limit(shut, self.attempt_limit_s)  # a head cut short may still parse
         if response.status in _RETRIED_STATUSES:
             raise TransientTargetError(f"webhook answered {response.status}")
         if not 200 <= response.status < 300:
             raise PermanentTargetError(f"webhook answered {response.status}")
         return int(response.status)
+
+
+@cache
+def _tls_context(ca_file: str | None) -> ssl.SSLContext:
+    """The TLS context every HTTPS webhook shares (one per CA bundle: tests name theirs)."""
+    return ssl.create_default_context(cafile=ca_file)
+
+
+class _Watched:
+    """A connection pool that keeps the connections it made, for the watchdog (`_shut`)."""
+
+    def _new_conn(self) -> Any:
+        connection = super()._new_conn()  # type: ignore[misc]
+        self.__dict__.setdefault("made", []).append(connection)
+        return connection
+
+
+class _WatchedHTTPPool(_Watched, urllib3.HTTPConnectionPool):
+    pass
+
+
+class _WatchedHTTPSPool(_Watched, urllib3.HTTPSConnectionPool):
+    pass
+
+
+def _shut(pool: urllib3.HTTPConnectionPool, shut: threading.Event) -> None:
+    """The watchdog: shut the sockets of the pool's connections, so the request in flight
+    ends now (its reads fail; the receiver sees the connection close)."""
+    shut.set()
+    for connection in pool.__dict__.get("made", []):
+        sock = getattr(connection, "sock", None)
+        if sock is not None:
+            with contextlib.suppress(OSError):  # closed already
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+def _within_limit(shut: threading.Event, limit_s: float) -> None:
+    """Raise if the watchdog shut the request: whatever came back, it came too late."""
+    if shut.is_set():
+        raise TransientTargetError(f"webhook request ran past {limit_s:g} s")
 
 
 def _failure(error: Exception) -> str:
