@@ -14,8 +14,9 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
+from tocsin.settings import CONNECT_TIMEOUT_S
+
 _lock = threading.Lock()
-CONNECT_TIMEOUT_S = 3.0
 READ_TIMEOUT_S = 10.0
 TARGET_RETRIES = 1
 # One send to an AWS target at most: every try connecting and waiting its longest, and

@@ -146,6 +146,18 @@ def wake_ms(batch: Batch, settings: Settings) -> int:
 MAX_STAGGER_S = 12
 
 
+def attempt_limit_s(task_type: TaskType, settings: Settings) -> float:
+    """The longest one send of a task of this type can take (its target's attempt_limit_s)."""
+    if task_type is TaskType.WEBHOOK:
+        return settings.webhook_attempt_limit_s
+    return aws.TARGET_ATTEMPT_LIMIT_S
+
+
+# Lambda adds at most this many execution environments to one function in this many seconds
+# (Lambda's developer guide, "Lambda scaling behavior"): each woken batch may need a new one.
+NEW_ENVIRONMENTS, NEW_ENVIRONMENTS_S = 1000, 10
+
+
 @dataclass
 class WakePlan:
     """What the seconds before a window already hold: wakes, claims and environments."""
@@ -154,29 +166,43 @@ class WakePlan:
     wakes: Counter[int] = field(default_factory=Counter)
     claims: Counter[int] = field(default_factory=Counter)
     held: Counter[int] = field(default_factory=Counter)
+    woken: dict[TaskType, Counter[int]] = field(default_factory=dict)  # by executor
 
     def fits(self, second: int, batch: Batch) -> bool:
         """Whether a wake of `batch` at `second` keeps every budget: Step Functions'
-        wakes, the table's writes (a claim per task; a batch alone may exceed them), and
-        Lambda environments, each held from its wake to its last gate."""
+        wakes, the table's writes (a claim per task; a batch alone may exceed them), Lambda
+        environments, each held from its wake until its last attempt can end, and the
+        environments Lambda adds to the batch's executor in any 10 s."""
         config = self.settings
         claims = self.claims[second]
         return (
             self.wakes[second] < config.wakes_per_second
             and (claims == 0 or claims + len(batch.tasks) <= config.claims_per_second)
-            and all(self.held[s] < config.concurrency_budget for s in _holding(second, batch))
+            and all(self.held[s] < config.concurrency_budget for s in self._holding(second, batch))
+            and self._scales_to(second, batch.task_type)
         )
 
     def add(self, second: int, batch: Batch) -> None:
         self.wakes[second] += 1
         self.claims[second] += len(batch.tasks)
-        for held in _holding(second, batch):
+        self.woken.setdefault(batch.task_type, Counter())[second] += 1
+        for held in self._holding(second, batch):
             self.held[held] += 1
 
+    def _holding(self, wake_second: int, batch: Batch) -> range:
+        """The seconds an executor woken at `wake_second` holds its environment: until its
+        last task's attempt can end, not only its gate (a slow target holds it that long)."""
+        limit_ms = int(attempt_limit_s(batch.task_type, self.settings) * 1000)
+        return range(wake_second, (batch.tasks[-1].due_ms + limit_ms) // 1000 + 1)
 
-def _holding(wake_second: int, batch: Batch) -> range:
-    """The seconds an executor woken at `wake_second` holds its environment."""
-    return range(wake_second, batch.tasks[-1].due_ms // 1000 + 1)
+    def _scales_to(self, second: int, task_type: TaskType) -> bool:
+        """Whether one more wake of this executor at `second` leaves every 10 s span that
+        holds it within the environments Lambda adds to a function in 10 s."""
+        woken = self.woken.get(task_type, Counter())
+        return all(
+            sum(woken[s] for s in range(start, start + NEW_ENVIRONMENTS_S)) < NEW_ENVIRONMENTS
+            for start in range(second - NEW_ENVIRONMENTS_S + 1, second + 1)
+        )
 
 
 def staggers(batches: list[Batch], settings: Settings, now_ms: int) -> dict[Batch, int]:

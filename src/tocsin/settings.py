@@ -11,6 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 BATCH_SIZE_LIMIT = 800
 MAX_PAYLOAD_BYTES = 200 * 1024  # a DynamoDB item is 400 KB; the payload never enters Step Functions
 NEW_TABLE_WRITES_PER_SECOND = 4000  # what a new on-demand table sustains before it scales
+CONNECT_TIMEOUT_S = 3.0  # every SDK or webhook connection's (tocsin.aws)
+WEBHOOK_CONNECT_TRIES = 3  # a webhook connection refused or timed out, within one attempt
 
 
 class Settings(BaseModel):
@@ -25,7 +27,7 @@ class Settings(BaseModel):
     prepare_ms_per_task: int = Field(10, alias="PREPARE_MS_PER_TASK", ge=0, le=50)
     shards: int = Field(8, alias="SHARD_COUNT", ge=1, le=64)
     wakes_per_second: int = Field(300, alias="WAKES_PER_SECOND", ge=1)
-    concurrency_budget: int = Field(900, alias="CONCURRENCY_BUDGET", ge=1)
+    concurrency_budget: int = Field(900, alias="CONCURRENCY_BUDGET", ge=1, le=10_000)
     table_warm_writes_per_second: int = Field(0, alias="TABLE_WARM_WRITES_PER_SECOND", ge=0)
     batch_window_ms: int = Field(1000, alias="BATCH_WINDOW_MS", ge=1, le=10_000)
     batch_size: int = Field(500, alias="BATCH_SIZE", ge=1, le=BATCH_SIZE_LIMIT)
@@ -40,6 +42,13 @@ class Settings(BaseModel):
     webhook_allowed_hosts: frozenset[str] = Field(frozenset(), alias="WEBHOOK_ALLOWED_HOSTS")
     # At most 20 s: a webhook attempt must fit an executor's time after its last gate.
     webhook_timeout_s: float = Field(10, alias="WEBHOOK_TIMEOUT_SECONDS", gt=0, le=20)
+
+    @property
+    def webhook_attempt_limit_s(self) -> float:
+        """The longest one webhook send can take: connecting, tried WEBHOOK_CONNECT_TRIES
+        times, then waiting for the answer."""
+        timeout = self.webhook_timeout_s
+        return WEBHOOK_CONNECT_TRIES * min(CONNECT_TIMEOUT_S, timeout) + timeout
 
     @property
     def claims_per_second(self) -> int:

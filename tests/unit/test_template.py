@@ -53,6 +53,26 @@ def test_the_success_path_is_two_states_and_ends_at_fire():
     assert ASL["States"]["Fire"]["ResultPath"] is None  # nothing the executor says enters the state
 
 
+def test_a_throttled_invoke_is_retried_for_most_of_a_minute_before_the_reconciler():
+    """Lambda answers TooManyRequestsException past the account's concurrency or a function's
+    scaling (1,000 new environments in 10 s): the batch is tried again for longer than the
+    other retrier's 7 s (up to a minute, each wait at most 10 s), late rather than left to
+    the reconciler a quarter of an hour later."""
+    fire = ASL["States"]["Fire"]
+    [throttled] = [
+        r for r in fire["Retry"] if "Lambda.TooManyRequestsException" in r["ErrorEquals"]
+    ]
+    assert fire["Retry"].index(throttled) == 0  # Step Functions takes the first that matches
+    waits = [
+        min(
+            throttled["IntervalSeconds"] * throttled["BackoffRate"] ** n,
+            throttled["MaxDelaySeconds"],
+        )
+        for n in range(throttled["MaxAttempts"])
+    ]
+    assert 30 <= sum(waits) <= 60
+
+
 def test_the_fire_state_outlasts_the_executor_and_retries_what_lambda_reports_for_timeouts():
     fire = ASL["States"]["Fire"]
     timeouts = {

@@ -4,7 +4,16 @@ from collections import Counter
 from datetime import UTC, datetime
 
 from tocsin import clock, gate
-from tocsin.dispatch import MAX_STAGGER_S, Batch, DueTask, execution_input, pack, staggers
+from tocsin.dispatch import (
+    MAX_STAGGER_S,
+    Batch,
+    DueTask,
+    WakePlan,
+    execution_input,
+    pack,
+    staggers,
+    wake_ms,
+)
 from tocsin.model import TaskType
 from tocsin.settings import Settings
 
@@ -96,3 +105,33 @@ def test_a_batch_wakes_earlier_by_the_preparation_of_each_task_beyond_its_first(
     full = Batch(tuple(DueTask(due + i, f"t{i}", 1, TaskType.WEBHOOK) for i in range(500)))
     assert execution_input(alone, config)["wake_at"] == clock.to_iso_second(due - 2000)
     assert execution_input(full, config)["wake_at"] == clock.to_iso_second(due - 2000 - 4990)
+
+
+def test_an_environment_is_held_until_its_last_attempt_can_end():
+    """A batch holds its executor until its last task's send can end (a webhook 19 s after
+    its gate, an AWS target 28 s), not only until the gate: with room for one environment,
+    a batch due 10 s after another has none while the first may still be sending."""
+    config = Settings(LEAD_MS=2000, CONCURRENCY_BUDGET=1, WAKES_PER_SECOND=100)
+    due = 1_800_000_010_000
+    first = Batch((DueTask(due, "first", 1, TaskType.WEBHOOK),))
+    plan = WakePlan(config)
+    plan.add(wake_ms(first, config) // 1000, first)
+    after_gate = Batch((DueTask(due + 10_000, "after-gate", 1, TaskType.WEBHOOK),))
+    after_attempt = Batch((DueTask(due + 22_000, "after-attempt", 1, TaskType.WEBHOOK),))
+    assert not plan.fits(wake_ms(after_gate, config) // 1000, after_gate)
+    assert plan.fits(wake_ms(after_attempt, config) // 1000, after_attempt)
+
+
+def test_one_executor_wakes_no_more_environments_in_10_s_than_lambda_adds():
+    """Lambda adds at most 1,000 environments to one function in 10 s: a thousand wakes of
+    the webhook executor in one second leave no room for another in the next nine, and
+    room after them, and for another executor throughout."""
+    config = Settings(LEAD_MS=2000, CONCURRENCY_BUDGET=10_000, WAKES_PER_SECOND=2_000)
+    due = 1_800_000_010_000
+    plan, second = WakePlan(config), due // 1000
+    for i in range(1000):
+        plan.add(second, Batch((DueTask(due, f"w{i}", 1, TaskType.WEBHOOK),)))
+    webhook = Batch((DueTask(due + 30_000, "one-more", 1, TaskType.WEBHOOK),))
+    queue = Batch((DueTask(due + 30_000, "queue", 1, TaskType.SQS),))
+    assert not plan.fits(second + 9, webhook) and plan.fits(second + 10, webhook)
+    assert plan.fits(second + 9, queue)

@@ -37,6 +37,7 @@ class StartedBatch:
     first_due_s: float
     last_due_s: float
     tasks: int
+    attempt_s: float = 0.0  # the longest a send of its type can take, after its last gate
 
 
 def through_bucket(requests: list[float], burst: float, rate: float) -> list[float]:
@@ -92,8 +93,8 @@ def judge(
     )
     served = through_bucket([at for at, _, _ in events], *TRANSITION_QUOTA)
     woken = {i: at for (_, i, kind), at in zip(events, served, strict=True) if kind == "fire"}
-    # Environments: held from the wake to the second after the last gate.
-    holds = [(woken[i], b.last_due_s + 1) for i, b in enumerate(ordered)]
+    # Environments: held from the wake until the last task's attempt can end.
+    holds = [(woken[i], b.last_due_s + b.attempt_s) for i, b in enumerate(ordered)]
     peak_concurrency = _peak_overlap(holds)
     new_in_10_s = _most_new_in_10_s([start for start, _ in holds])
     within_concurrency = (

@@ -32,7 +32,7 @@ from botocore.awsrequest import AWSPreparedRequest, AWSResponse
 from rich.progress import Progress
 
 from tocsin import aws, clock
-from tocsin.dispatch import Batch, DueTask, execution_arn, execution_input
+from tocsin.dispatch import Batch, DueTask, attempt_limit_s, execution_arn, execution_input
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.local.server import api_event
 from tocsin.measure.cost import billed_usage, transitions
@@ -532,6 +532,7 @@ def aws_burst(bench: Bench) -> dict[str, Any]:
             first_due_s=min(dues) / 1000,
             last_due_s=max(dues) / 1000,
             tasks=len(dues),
+            attempt_s=attempt_limit_s(TaskType.SNS, config),
         )
         for name, dues in members.items()
     ]

@@ -33,7 +33,7 @@ from urllib3.util.wait import wait_for_read
 
 from tocsin import aws, clock
 from tocsin.errors import PermanentTargetError, TransientTargetError
-from tocsin.settings import settings
+from tocsin.settings import WEBHOOK_CONNECT_TRIES, settings
 from tocsin.targets import address_guard
 from tocsin.targets.base import Delivery, Target
 
@@ -41,7 +41,6 @@ SECRET_PREFIX = "whsec_"
 _RESERVED_HEADERS = {"host", "content-length", "content-type", "idempotency-key", "connection"}
 _RESERVED_PREFIXES = ("tocsin-", "webhook-")
 _RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
-CONNECT_TRIES = 3  # a connection refused or timed out, within one attempt
 
 
 def signing_keys(secret: str) -> list[bytes]:
@@ -129,9 +128,7 @@ class WebhookTarget(Target):
 
     @property
     def attempt_limit_s(self) -> float:
-        """Connecting (tried up to CONNECT_TRIES times), then waiting for the answer."""
-        timeout = settings().webhook_timeout_s
-        return CONNECT_TRIES * min(aws.CONNECT_TIMEOUT_S, timeout) + timeout
+        return settings().webhook_attempt_limit_s
 
     def prepare(self) -> None:
         parts = urlsplit(self.url)
@@ -190,7 +187,11 @@ class WebhookTarget(Target):
         # or a timeout after the request went out is the executor's to retry, after a
         # backoff and within its time (`attempt_limit_s`).
         retries = urllib3.Retry(
-            total=CONNECT_TRIES - 1, connect=CONNECT_TRIES - 1, read=0, status=0, other=0
+            total=WEBHOOK_CONNECT_TRIES - 1,
+            connect=WEBHOOK_CONNECT_TRIES - 1,
+            read=0,
+            status=0,
+            other=0,
         )
         path = parts.path or "/"
         if parts.query:
