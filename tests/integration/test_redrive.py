@@ -81,8 +81,11 @@ def test_a_copy_of_a_dead_letter_is_deleted_as_a_copy(runtime, receiver):
     [letter] = sqs.receive_message(QueueUrl=queue, VisibilityTimeout=0)["Messages"]
     sqs.send_message(QueueUrl=queue, MessageBody=letter["Body"])  # its copy
     report = redrive(queue, settings())
-    assert report.tasks == [("twice", 1, "redriven"), ("twice", 1, COPY)]
-    wait_for_status("twice", {"FAILED"})  # its target still answers 410: version 2 fails
+    assert report.tasks[:2] == [("twice", 1, "redriven"), ("twice", 1, COPY)]
+    # version 2 fails at once (its target still answers 410): its letter may land while the
+    # run still reads (a loaded machine), and is left for the next run either way
+    assert report.tasks[2:] in ([], [("twice", 2, FAILED_AGAIN)])
+    wait_for_status("twice", {"FAILED"})
     assert runtime.wait_for_executions(10)
     [left] = [json.loads(m["Body"]) for m in sqs.receive_message(QueueUrl=queue)["Messages"]]
     assert (left["task_id"], left["version"]) == ("twice", 2)  # only the new version's letter
