@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from tocsin import clock
+from tocsin.bodies import CONTENT
 from tocsin.dispatch import dispatch_if_due_soon, stop_own_execution
 from tocsin.errors import Conflict, InvalidTask, NotFound, TaskError
 from tocsin.index_keys import due_index_keys
@@ -76,7 +77,8 @@ def _unchangeable(store: TaskStore, task_id: str, owner: str, verb: str) -> Conf
 
 
 def get_task(task_id: str, owner: str, config: Settings) -> dict[str, Any]:
-    return task_view(_owned(TaskStore(config.tasks_table), task_id, owner))
+    store = TaskStore(config.tasks_table)
+    return task_view(store.whole([_owned(store, task_id, owner)])[0])
 
 
 def encode_page_key(key: dict[str, Any], owner: str) -> str:
@@ -133,6 +135,11 @@ def list_tasks(query: dict[str, str], owner: str, config: Settings) -> dict[str,
     }
 
 
+def _with_body(item: dict[str, Any], whole: dict[str, Any]) -> dict[str, Any]:
+    """`item` as stored, with the target and payload `whole` holds (no read of its body)."""
+    return {**item, **{name: whole[name] for name in CONTENT}}
+
+
 def cancel_task(task_id: str, owner: str, config: Settings) -> dict[str, Any]:
     """Cancel an unclaimed task, then stop its own execution (its claim fails anyway)."""
     store, now_ms = TaskStore(config.tasks_table), clock.now_ms()
@@ -140,7 +147,7 @@ def cancel_task(task_id: str, owner: str, config: Settings) -> dict[str, Any]:
     if item is None:
         raise _unchangeable(store, task_id, owner, "cancelled")
     stop_own_execution(item, "cancelled")
-    return task_view(item)
+    return task_view(store.whole([item])[0])
 
 
 def reschedule_task(task_id: str, body: Any, owner: str, config: Settings) -> dict[str, Any]:
@@ -163,8 +170,13 @@ def reschedule_task(task_id: str, body: Any, owner: str, config: Settings) -> di
     due_ms = changes.get("due_ms", int(current["due_ms"]))
     changes |= due_index_keys(task_id, due_ms, config)
     version = int(current["version"])
+    [whole] = store.whole([current])
+    # the next version's body, written apart again if large: its key, and its time to live
+    nxt = {**whole, **changes, "version": version + 1}
+    changes = {name: value for name, value in changes.items() if name not in CONTENT}
+    changes |= store.put_body(nxt)
     item = store.reschedule(task_id, owner, version, changes, clock.to_iso(now))
     if item is None:
         raise _unchangeable(store, task_id, owner, "rescheduled")
     stop_own_execution(current, "rescheduled")
-    return task_view(dispatch_if_due_soon(item, config, store))
+    return task_view(_with_body(dispatch_if_due_soon(item, config, store), nxt))

@@ -15,7 +15,9 @@ from typing import Any
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 
 from tocsin import aws
+from tocsin.bodies import CONTENT, BodyStore, split
 from tocsin.model import TaskStatus
+from tocsin.settings import settings
 
 SCHEDULE_DUE_INDEX = "DueIndex"  # ENABLED schedules only, by shard and next occurrence
 SCHEDULE_OWNER_INDEX = "OwnerIndex"
@@ -51,6 +53,7 @@ class ScheduleStore:
         )
         self._write_refused = self._client.exceptions.ConditionalCheckFailedException
         self._cancelled = self._client.exceptions.TransactionCanceledException
+        self._bodies = BodyStore(settings().bodies_table)
 
     def create(self, item: dict[str, Any]) -> dict[str, Any] | None:
         """Write a new schedule; if the id is taken, the schedule already there instead."""
@@ -144,6 +147,9 @@ class ScheduleStore:
         The task is put new; only if one is there already does the write go again as the
         update that replaces an unclaimed task of an older revision (moto takes ten times
         as long over that update's twenty actions, and most occurrences are new)."""
+        task, body = split(task, settings())
+        if body is not None:  # before the task: no task without its body (tocsin.bodies)
+            self._bodies.put(body)
         move = {"Update": {"TableName": self._tables[0], **_advance(schedule, next_ms, 1, missed)}}
         put = {
             "TableName": self._tables[1],
@@ -239,13 +245,12 @@ def _advance(
     }
 
 
-# What an occurrence's task carries beyond its key; a replaced one keeps its created_at.
+# What an occurrence's task carries beyond its key and its body; a replaced one keeps its
+# created_at.
 _OCCURRENCE_FIELDS = (
     "due_at",
     "due_ms",
     "task_type",
-    "target",
-    "payload",
     "max_attempts",
     "owner",
     "schedule_id",
@@ -258,15 +263,17 @@ _OCCURRENCE_FIELDS = (
 def _upsert_occurrence(task: dict[str, Any]) -> dict[str, Any]:
     """The occurrence's task written new (version 1), or over an unclaimed task of an older
     revision as its next version: that version's execution then fails its claim."""
-    names = {f"#a{i}": name for i, name in enumerate(_OCCURRENCE_FIELDS)}
-    sets = ", ".join(f"#a{i} = :a{i}" for i in range(len(_OCCURRENCE_FIELDS)))
-    values = {f":a{i}": task[name] for i, name in enumerate(_OCCURRENCE_FIELDS)}
+    fields = [*_OCCURRENCE_FIELDS, *(name for name in (*CONTENT, "body") if name in task)]
+    gone = [name for name in (*CONTENT, "body") if name not in task]  # its body held otherwise
+    names = {f"#a{i}": name for i, name in enumerate(fields)}
+    sets = ", ".join(f"#a{i} = :a{i}" for i in range(len(fields)))
+    values = {f":a{i}": task[name] for i, name in enumerate(fields)}
     return {
         "Key": {"task_id": _serialize(task["task_id"])},
         "UpdateExpression": (
             f"SET #v = if_not_exists(#v, :zero) + :one, #s = :pending, {sets}, "
             "created_at = if_not_exists(created_at, :now) "
-            "REMOVE execution_arn, claimed_by, requeues"
+            f"REMOVE {', '.join(['execution_arn', 'claimed_by', 'requeues', *gone])}"
         ),
         "ConditionExpression": (
             "attribute_not_exists(task_id) OR "

@@ -20,6 +20,7 @@ class Settings(BaseModel):
 
     tasks_table: str = Field("", alias="TASKS_TABLE")
     sent_table: str = Field("", alias="SENT_TABLE")
+    bodies_table: str = Field("", alias="BODIES_TABLE")
     schedules_table: str = Field("", alias="SCHEDULES_TABLE")
     state_machine_arn: str = Field("", alias="STATE_MACHINE_ARN")
     lookahead_s: int = Field(180, alias="LOOKAHEAD_SECONDS", ge=1)

@@ -5,7 +5,6 @@ one placeholder builder per resource that every call resets, so two threads shar
 table could swap each other's names mid-build (a finder query once named the wrong key).
 """
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,8 +13,11 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from tocsin import aws
+from tocsin.batch_read import BATCH_GET_MAX, batch_read
+from tocsin.bodies import CONTENT, BodyStore, split
 from tocsin.errors import Busy
 from tocsin.model import SUMMARY_ATTRIBUTES, TaskStatus
+from tocsin.settings import settings
 
 DUE_INDEX = "DispatchIndex"  # by shard and time: PENDING in due shards, others in check ones
 # Listing reads keys-only indexes, then the tasks by key: a task's state changes do not
@@ -29,10 +31,7 @@ SCHEDULE_INDEX_KEY = ("task_id", "schedule_id", "due_ms")
 # is read whole), up to LAST_FIRED_LOOKS pages.
 LAST_FIRED_PAGE = 10
 LAST_FIRED_LOOKS = 25
-BATCH_GET_MAX = 100  # keys in one BatchGetItem
 BUSY = "the tasks table is busy: send the same request again"
-UNPROCESSED_TRIES = 5  # BatchGetItem calls for one page of tasks, the first included
-UNPROCESSED_BACKOFF_S = 0.05  # before the second; doubled before each next
 STATUS_AND_VERSION = {"#s": "status", "#v": "version"}
 
 
@@ -64,14 +63,32 @@ class TaskStore:
         self._conditional_failed = (
             self._table.meta.client.exceptions.ConditionalCheckFailedException
         )
+        self._bodies = BodyStore(settings().bodies_table)
 
     def create(self, item: dict[str, Any]) -> dict[str, Any] | None:
-        """Write a new task; if the id is taken, return the task already there instead."""
+        """Write a new task, its body apart first if it is large (`tocsin.bodies`); if the
+        id is taken, return the task already there instead."""
+        stored, body = split(item, settings())
+        if body is not None:
+            self._bodies.put(body)
         try:
-            self._table.put_item(Item=item, ConditionExpression="attribute_not_exists(task_id)")
+            self._table.put_item(Item=stored, ConditionExpression="attribute_not_exists(task_id)")
         except self._conditional_failed:
             return self.get(item["task_id"])
         return None
+
+    def whole(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The tasks with their targets and payloads, the bodies kept apart read in."""
+        return self._bodies.attach(items)
+
+    def put_body(self, item: dict[str, Any]) -> dict[str, Any]:
+        """The attributes that hold a task version's body (`item` holds it whole): the body
+        itself, or its key once written apart."""
+        whole = {name: value for name, value in item.items() if name != "body"}  # the old key
+        stored, body = split(whole, settings())
+        if body is not None:
+            self._bodies.put(body)
+        return {name: stored[name] for name in (*CONTENT, "body") if name in stored}
 
     def get(self, task_id: str) -> dict[str, Any] | None:
         reply = self._table.get_item(Key={"task_id": task_id}, ConsistentRead=True)
@@ -201,26 +218,17 @@ class TaskStore:
                 yield [(entry, tasks.get(entry["task_id"])) for entry in entries], more
 
     def _tasks(self, task_ids: list[str]) -> dict[str, dict[str, Any]]:
-        """Up to 100 tasks by id, what a summary shows of them (SUMMARY_ATTRIBUTES), in one
-        BatchGetItem and, for any keys DynamoDB leaves unprocessed (it does under throttling),
-        a few more with backoff."""
-        found: dict[str, dict[str, Any]] = {}
+        """Up to 100 tasks by id, what a summary shows of them (SUMMARY_ATTRIBUTES)."""
         keys = [{"task_id": task_id} for task_id in dict.fromkeys(task_ids)]
         names = {f"#a{i}": name for i, name in enumerate(SUMMARY_ATTRIBUTES)}
-        asked = {"Keys": keys, "ProjectionExpression": ", ".join(names)}
-        request = {self._table.name: asked | {"ExpressionAttributeNames": names}} if keys else {}
-        for attempt in range(UNPROCESSED_TRIES):
-            if not request:
-                return found
-            if attempt:
-                time.sleep(UNPROCESSED_BACKOFF_S * 2 ** (attempt - 1))
-            reply = self._dynamodb.batch_get_item(RequestItems=request)
-            read = reply.get("Responses", {}).get(self._table.name, [])
-            found.update((item["task_id"], item) for item in read)
-            request = reply.get("UnprocessedKeys") or {}
-        if request:
-            raise Busy(BUSY)
-        return found
+        items = batch_read(
+            self._dynamodb,
+            self._table.name,
+            keys,
+            ProjectionExpression=", ".join(names),
+            ExpressionAttributeNames=names,
+        )
+        return {item["task_id"]: item for item in items}
 
     def cancel(
         self, task_id: str, owner: str, now_iso: str, expires_at: int
@@ -238,15 +246,17 @@ class TaskStore:
     def reschedule(
         self, task_id: str, owner: str, version: int, changes: dict[str, Any], now_iso: str
     ) -> dict[str, Any] | None:
-        """The next version, PENDING with `changes`, if still unclaimed at `version`; else None.
+        """The next version, PENDING with `changes` (its body among them: `put_body`), if
+        still unclaimed at `version`; else None.
 
         The old version's execution fails its claim on the version and does nothing.
         """
         names, values, sets = _assignments(changes, "c")
+        gone = ", ".join(["execution_arn", *(n for n in (*CONTENT, "body") if n not in changes)])
         return self._update_if_changeable(
             task_id,
             owner,
-            f"SET #v = :next, #s = :pending, updated_at = :now, {sets} REMOVE execution_arn",
+            f"SET #v = :next, #s = :pending, updated_at = :now, {sets} REMOVE {gone}",
             {":next": version + 1, ":now": now_iso, ":version": version, **values},
             extra_condition=" AND #v = :version",
             extra_names=names,

@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from tocsin import clock
+from tocsin.bodies import CONTENT
 from tocsin.dispatch import dispatch_if_due_soon
 from tocsin.errors import Conflict, InvalidTask, TaskError
 from tocsin.index_keys import due_index_keys
@@ -207,7 +208,8 @@ def submit_task(
     if existing is not None:
         if existing.get("body_hash") != item["body_hash"]:
             raise Conflict(f"id: task {item['task_id']!r} exists with another body", "id")
-        return Submitted(task_view(existing), created=False)
-    if dispatch:
-        item = dispatch_if_due_soon(item, config, store)
+        return Submitted(task_view(store.whole([existing])[0]), created=False)
+    if dispatch:  # the task as stored after its mark, with the body this request holds
+        content = {name: item[name] for name in CONTENT}
+        item = {**dispatch_if_due_soon(item, config, store), **content}
     return Submitted(task_view(item), created=True, item=item)

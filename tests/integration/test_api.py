@@ -19,12 +19,12 @@ from moto.core.botocore_stubber import MockRawResponse
 
 from tests.conftest import all_tasks, call_api, hooked, stored, wait_for_status, webhook_task
 from tocsin import aws, clock, lifecycle
+from tocsin.batch_read import UNPROCESSED_TRIES
 from tocsin.local.runtime import RESPONSE_LIMIT_BYTES, LocalFunction, ResponseSizeTooLarge
 from tocsin.local.server import api_event
 from tocsin.measure.chaos import wake_ms
 from tocsin.model import owner_id
 from tocsin.settings import settings
-from tocsin.store import UNPROCESSED_TRIES
 
 EVENTS = Path(__file__).parents[2] / "events"
 HOUR_MS = 3_600_000

@@ -209,7 +209,7 @@ def test_what_moto_cannot_create_is_in_the_translated_template(deployed):
 
 def test_what_moto_ignores_is_set_in_the_translated_template(deployed):
     resources = deployed[0]["Resources"]
-    for table in ("TasksTable", "SentTable", "SchedulesTable"):
+    for table in ("TasksTable", "SentTable", "BodiesTable", "SchedulesTable"):
         properties = resources[table]["Properties"]
         assert properties["PointInTimeRecoverySpecification"] == {
             "PointInTimeRecoveryEnabled": True

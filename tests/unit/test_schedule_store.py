@@ -15,7 +15,7 @@ TASK = {
     "due_at": "2027-01-15T08:00:00.000Z",
     "due_ms": 1_800_000_000_000,
     "task_type": "sns",
-    "target": {"topic_arn": "arn:aws:sns:us-east-1:123456789012:alerts"},
+    "target": '{"topic_arn": "arn:aws:sns:us-east-1:123456789012:alerts"}',  # stored as JSON
     "payload": "{}",
     "max_attempts": 3,
     "owner": "alice",

@@ -46,6 +46,7 @@ ENVIRONMENT = {
     "AWS_SECRET_ACCESS_KEY": "cold-start",
     "TASKS_TABLE": "tocsin-tasks",
     "SENT_TABLE": "tocsin-sent",
+    "BODIES_TABLE": "tocsin-bodies",
     "DEAD_LETTER_QUEUE_URL": "https://sqs.us-east-1.amazonaws.com/123456789012/tocsin-dlq",
     "SUBMIT_DEAD_LETTER_QUEUE_URL": "https://sqs.us-east-1.amazonaws.com/123456789012/tocsin-sub",
     "STATE_MACHINE_ARN": "arn:aws:states:us-east-1:123456789012:stateMachine:tocsin",

@@ -1,0 +1,74 @@
+"""A task's body, its target and payload: on the task's item while it is small, else an
+item of its own, in the Bodies table.
+
+Every write to a task (the mark, the claim, the final mark, a cancel) is billed one unit
+per KB of the larger of the item's images, so a task that carried a 10 KiB payload paid
+eleven units for each, though the body is written once and read once (by the executor that
+claims it, and a GET). A body of more than INLINE_BYTES is written apart when the task is
+stored, under a key of its own (the task's id, version and a digest of the body: a
+submission refused for another body with the same id writes no other task's body), and
+the task names it (`body`). The body is written first: a task is never stored without its
+body, and a body left without a task (its put refused) is deleted by TTL with the others,
+RetentionDays after the due time plus DEAD_LETTER_DAYS, so that a task an operator
+redrives from the dead-letter queue still has it.
+"""
+
+import hashlib
+from typing import Any
+
+from tocsin import aws
+from tocsin.batch_read import BATCH_GET_MAX, batch_read
+from tocsin.settings import Settings
+
+# A body up to this many bytes stays on the task: with its other attributes and marks the
+# item stays within one write unit (1 KB).
+INLINE_BYTES = 400
+DEAD_LETTER_DAYS = 14  # the dead-letter queue keeps a message this long (template.yaml)
+CONTENT = ("target", "payload")
+
+
+def split(item: dict[str, Any], config: Settings) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The task's item as stored, and its body's item if the body goes apart (else None)."""
+    if sum(len(item[name].encode()) for name in CONTENT) <= INLINE_BYTES:
+        return item, None
+    digest = hashlib.sha256((item["target"] + "\0" + item["payload"]).encode()).hexdigest()
+    key = f"{item['task_id']}:{item['version']}:{digest[:16]}"
+    expires_at = config.expires_at(int(item["due_ms"])) + DEAD_LETTER_DAYS * 86_400
+    body = {"key": key, **{name: item[name] for name in CONTENT}, "expires_at": expires_at}
+    task = {name: value for name, value in item.items() if name not in CONTENT}
+    return {**task, "body": key}, body
+
+
+class BodyStore:
+    def __init__(self, table_name: str):
+        self._dynamodb = aws.resource("dynamodb")
+        self._table = self._dynamodb.Table(table_name)
+
+    def put(self, body: dict[str, Any]) -> None:
+        """Write a body (again, as the same key always holds the same body)."""
+        self._table.put_item(Item=body)
+
+    def attach(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The tasks with their bodies in place: read, for those that name one apart."""
+        keys = [item["body"] for item in items if "body" in item]
+        bodies = self._read(keys) if keys else {}
+        return [
+            {**item, **{name: bodies[item["body"]][name] for name in CONTENT}}
+            if item.get("body") in bodies
+            else item
+            for item in items
+        ]
+
+    def _read(self, keys: list[str]) -> dict[str, dict[str, Any]]:
+        """Bodies by key, read whole and consistently (each was written before its task)."""
+        unique = [{"key": key} for key in dict.fromkeys(keys)]
+        return {
+            body["key"]: body
+            for start in range(0, len(unique), BATCH_GET_MAX)
+            for body in batch_read(
+                self._dynamodb,
+                self._table.name,
+                unique[start : start + BATCH_GET_MAX],
+                ConsistentRead=True,
+            )
+        }
