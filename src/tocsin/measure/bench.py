@@ -15,13 +15,14 @@ scenarios replace StartExecution with a recorder (a token bucket in `throttled`)
 measure the finder's reads and pacing, not the executions.
 """
 
+import functools
 import json
 import math
 import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -51,7 +52,8 @@ from tocsin.settings import settings
 LOOKAHEAD_S = 20
 FINDER_INTERVAL_S = 5.0
 # Per task, so the first is due after all are submitted (an API call, or a batch write).
-SUBMIT_ALLOWANCE_MS = {"tocsin": 60, "baseline": 60, "tocsin-stored": 2}
+SUBMIT_ALLOWANCE_MS = {"tocsin": 60, "baseline": 60, "tocsin-stored": 2, "tocsin-stored-10k": 4}
+PAD_10K = 10 * 1024 - 40  # with the rest of its payload, 10 KiB of JSON
 START_DELAY_MS = 3000
 GRACE_S = 20.0
 BASELINE_MAX = 1000  # tasks the baseline runs of one plan (a random sample beyond that)
@@ -80,13 +82,13 @@ def baseline_input(task: DueTask, config: Any) -> dict[str, Any]:
     return given | {"wake_at": clock.to_iso_second(task.due_ms), "tasks": plain_tasks}
 
 
-def _body(task: PlannedTask, url: str) -> dict[str, Any]:
+def _body(task: PlannedTask, url: str, pad: int = 0) -> dict[str, Any]:
     return {
         "id": task.task_id,
         "due_at": clock.to_iso(task.due_ms),
         "type": "webhook",
         "target": {"url": f"{url}/bench"},
-        "payload": {"task": task.task_id},
+        "payload": {"task": task.task_id, **({"pad": "x" * pad} if pad else {})},
     }
 
 
@@ -100,16 +102,29 @@ def _submit_tocsin(runtime: EmbeddedRuntime, planned: list[PlannedTask], url: st
             raise RuntimeError(f"submit {task.task_id}: {reply['body']}")
 
 
-def _store_for_finder(runtime: EmbeddedRuntime, planned: list[PlannedTask], url: str) -> None:
+def _store_for_finder(
+    runtime: EmbeddedRuntime, planned: list[PlannedTask], url: str, pad: int = 0
+) -> None:
     """Written PENDING ahead of time, as submissions long before their due time leave them:
     the finder finds them within its look-ahead and packs each window's into one batch."""
     from tocsin.submit import new_item
 
     config, now = settings(), clock.now_ms()
-    table = aws.resource("dynamodb").Table(config.tasks_table)
-    with table.batch_writer() as writer:
-        for task in planned:
-            writer.put_item(Item=new_item(_body(task, url), "bench", now, config))
+    _write_items(new_item(_body(task, url, pad), "bench", now, config) for task in planned)
+
+
+def _write_items(items: Iterable[dict[str, Any]]) -> None:
+    """Tasks' items written in batches, their large bodies apart and first, as
+    TaskStore.create writes one (`tocsin.bodies`)."""
+    config, dynamodb = settings(), aws.resource("dynamodb")
+    stored = [split(whole, config) for whole in items]
+    with dynamodb.Table(config.bodies_table).batch_writer() as writer:
+        for _, body in stored:
+            if body is not None:
+                writer.put_item(Item=body)
+    with dynamodb.Table(config.tasks_table).batch_writer() as writer:
+        for item, _ in stored:
+            writer.put_item(Item=item)
 
 
 def _start_baseline(runtime: EmbeddedRuntime, planned: list[PlannedTask], url: str) -> None:
@@ -134,6 +149,7 @@ def _start_baseline(runtime: EmbeddedRuntime, planned: list[PlannedTask], url: s
 VARIANTS: dict[str, Callable[[EmbeddedRuntime, list[PlannedTask], str], None]] = {
     "tocsin": _submit_tocsin,
     "tocsin-stored": _store_for_finder,
+    "tocsin-stored-10k": functools.partial(_store_for_finder, pad=PAD_10K),
     "baseline": _start_baseline,
 }
 
@@ -255,14 +271,14 @@ def sparse(bench: Bench) -> dict[str, Any]:
     return side_by_side(bench, "sparse", offsets)
 
 
-def dense(bench: Bench) -> dict[str, Any]:
+def dense(bench: Bench, variant: str = "tocsin-stored") -> dict[str, Any]:
     """6,000 tasks over 60 s (100 a second) at random milliseconds, written ahead for the
     finder, which packs each second's into one execution. Tocsin alone: the baseline's
     6,000 executions would swamp moto's interpreter (12-25 ms of CPU each)."""
     tasks = bench.size(6000)
     span_ms = max(10_000, round(60_000 * min(1.0, bench.scale * 10)))
     offsets = sorted(bench.rng.randrange(span_ms) for _ in range(tasks))
-    figures, lateness = timed_variant(bench, "tocsin-stored", offsets, "dense")
+    figures, lateness = timed_variant(bench, variant, offsets, "dense")
     return {**figures, "samples": {"tocsin": lateness}}
 
 
@@ -381,26 +397,22 @@ def _store_tasks(bench: Bench, label: str, due_times: list[int]) -> list[str]:
     from tocsin.submit import new_item
 
     config, now = settings(), clock.now_ms()
-    dynamodb = aws.resource("dynamodb")
-    table, bodies = dynamodb.Table(config.tasks_table), dynamodb.Table(config.bodies_table)
     bar = bench.progress.add_task(f"{label} storing", total=len(due_times))
-    ids = []
-    with table.batch_writer() as writer, bodies.batch_writer() as body_writer:
-        for i, due_ms in enumerate(due_times):
-            task_id = f"{label}-{i:06d}"
+    ids = [f"{label}-{i:06d}" for i in range(len(due_times))]
+
+    def items() -> Iterator[dict[str, Any]]:
+        for i, (task_id, due_ms) in enumerate(zip(ids, due_times, strict=True)):
             body = {
                 "id": task_id,
                 "due_at": clock.to_iso(due_ms),
                 "type": "sns",
                 "target": {"topic_arn": "arn:aws:sns:us-east-1:123456789012:bench"},
             }
-            item, apart = split(new_item(body, "bench", now, config), config)
-            if apart is not None:  # a large body, as TaskStore.create writes it
-                body_writer.put_item(Item=apart)
-            writer.put_item(Item=item)
-            ids.append(task_id)
+            yield new_item(body, "bench", now, config)
             if i % 500 == 0:
                 bench.progress.update(bar, completed=i)
+
+    _write_items(items())
     bench.progress.remove_task(bar)
     return ids
 
@@ -571,6 +583,7 @@ SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "cold-start": cold_start,
 }
 STRETCH = {  # by name only: not in "all"
+    "dense-10k": lambda bench: dense(bench, "tocsin-stored-10k"),  # dense, 10 KiB payloads
     "burst-1000": lambda bench: burst(bench, 1000),
     "burst-5000": lambda bench: burst(bench, 5000),
     "aws-burst": aws_burst,
@@ -579,7 +592,16 @@ STRETCH = {  # by name only: not in "all"
 
 # -- the report ------------------------------------------------------------------------
 
-TIMED = ("sparse", "spread", "dense", "burst", "recurring", "burst-1000", "burst-5000")
+TIMED = (
+    "sparse",
+    "spread",
+    "dense",
+    "dense-10k",
+    "burst",
+    "recurring",
+    "burst-1000",
+    "burst-5000",
+)
 RESULT_KEY = {"cold-start": "cold_start"}  # the scenarios whose results go by another name
 
 
