@@ -20,8 +20,8 @@ PYTEST   = -q -n $(WORKERS) --dist loadgroup
 
 tool_pins = $(shell $(PYTHON) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml","rb"))["tool"]["tocsin"]["tools"]["$(1)"]))')
 
-.PHONY: demo test check lock lint format tests tests-runtime validate sam-validate sam-build \
-	cfn-lint statelint checkov dynamodb-local clean
+.PHONY: demo test check lock lint format tests tests-runtime tests-dynamodb-local validate \
+	sam-validate sam-build cfn-lint statelint checkov dynamodb-local clean
 
 demo: $(VENV)/.installed
 	$(BIN)/tocsin demo --tasks $(TASKS)
@@ -29,7 +29,8 @@ demo: $(VENV)/.installed
 # Every check, side by side: each part's output is printed whole once it ends (the tests'
 # after a few minutes), and a part that fails fails `make test` once the others end.
 test:
-	@$(MAKE) --no-print-directory -k -j 6 --output-sync=target lint validate tests tests-runtime
+	@$(MAKE) --no-print-directory -k -j 6 --output-sync=target lint validate tests tests-runtime \
+		tests-dynamodb-local
 
 # The inner loop: lint and the tests not marked slow, on this Python (under two minutes).
 check: lint $(VENV)/.installed
@@ -62,6 +63,19 @@ dynamodb-local:
 $(DDB_LOCAL)/node_modules/.installed: $(DDB_LOCAL)/package-lock.json
 	npm ci --prefix $(DDB_LOCAL) --ignore-scripts --silent --no-audit --no-fund
 	touch $@
+
+# The store-heavy tests once more with the runtime's tables on DynamoDB Local, AWS's own
+# engine, so that where moto and AWS differ a test fails (fault injection stays on moto).
+STORE_TESTS = $(addprefix tests/integration/,test_exactly_once.py test_reconcile.py \
+	test_api.py test_schedules.py test_bodies.py)
+tests-dynamodb-local: $(VENV)/.installed sam-build dynamodb-local
+	@if [ -f $(DDB_LOCAL)/node_modules/.installed ]; then \
+		echo "TOCSIN_TEST_TABLES=dynamodb-local pytest (the store-heavy tests)"; \
+		TOCSIN_TEST_TABLES=dynamodb-local $(BIN)/pytest -q -n 3 --dist loadgroup \
+			-m "not moto_tables" $(STORE_TESTS); \
+	else \
+		echo "no DynamoDB Local (npm and Java): the tests ran on moto's tables only"; \
+	fi
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .

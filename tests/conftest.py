@@ -1,6 +1,7 @@
 """Fixtures: the embedded runtime (the real template, ASL and handlers on moto) and a receiver."""
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -51,9 +52,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item._id = type(item._id).parse(nodeid)
 
 
+# Where the tests' runtimes keep their tables: moto's (the default), or DynamoDB Local, AWS's
+# own engine, for the pass of `make test` that runs the store-heavy tests again on it.
+TABLES = os.environ.get("TOCSIN_TEST_TABLES", "moto")
+
+
 def runtime_with(parameters: dict[str, str] | None = None, **options: Any) -> EmbeddedRuntime:
     """An embedded runtime as the tests use it, its template parameters as given: the
     receivers' loopback allowed, and no finder ticker (a test runs the finder itself)."""
+    options.setdefault("tables", TABLES)
     return EmbeddedRuntime(
         {**LOOPBACK_ALLOWED, **(parameters or {})}, finder_interval_s=None, **options
     )

@@ -25,6 +25,7 @@ def _demo(args: argparse.Namespace) -> int:
         seed=args.seed,
         lookahead_s=args.lookahead,
         finder_interval_s=args.finder_interval,
+        tables=args.tables,
     )
     return demo.main(options, args.json)
 
@@ -87,7 +88,10 @@ def _serve(args: argparse.Namespace) -> int:
     if args.allow_host:
         parameters["WebhookAllowedHosts"] = ",".join(args.allow_host)
     runtime = EmbeddedRuntime(
-        parameters, finder_interval_s=args.finder_interval, state_file=args.state
+        parameters,
+        finder_interval_s=args.finder_interval,
+        state_file=args.state,
+        tables=args.tables,
     )
     with ExitStack() as running:
         try:
@@ -371,7 +375,20 @@ def _bench(args: argparse.Namespace) -> int:
     names = _scenario_names(args.scenarios, list(bench.SCENARIOS), known)
     if names is None:
         return 2
-    return bench.main(names, args.scale, args.seed, args.json, args.plot, args.cost)
+    if args.cost and args.tables != "moto":
+        print("error: --cost: write units are metered by the moto tables only", file=sys.stderr)
+        return 2
+    return bench.main(names, args.scale, args.seed, args.json, args.plot, args.cost, args.tables)
+
+
+def _tables_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--tables",
+        choices=("moto", "dynamodb-local"),
+        default="moto",
+        help="where the local tables live: moto's (default: metered, with faults to inject) or "
+        "DynamoDB Local, AWS's own engine (make dynamodb-local installs it; needs Java)",
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -385,6 +402,7 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=None, help="random seed for the due times")
     demo.add_argument("--lookahead", type=int, default=20, help="finder look-ahead, s (20)")
     demo.add_argument("--finder-interval", type=float, default=5.0, help="finder ticker, s (5)")
+    _tables_option(demo)
     demo.set_defaults(run=_demo)
 
     invoke = commands.add_parser("invoke", help="run one function of template.yaml on an event")
@@ -416,6 +434,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="HOST[:PORT]",
         help="let webhooks reach this internal host (any port, or only PORT); repeatable",
     )
+    _tables_option(serve)
     serve.set_defaults(run=_serve)
 
     chaos = commands.add_parser("chaos", help="inject faults locally, then judge every task")
@@ -436,6 +455,7 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print the results as JSON, last line")
     bench.add_argument("--plot", metavar="FILE.png", help="draw lateness histograms to this file")
     bench.add_argument("--cost", action="store_true", help="count billed usage, price it")
+    _tables_option(bench)
     bench.set_defaults(run=_bench)
 
     redrive = commands.add_parser(

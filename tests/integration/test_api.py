@@ -160,7 +160,9 @@ def test_a_page_of_tasks_with_large_payloads_fits_lambdas_response(runtime):
     status, page = call_api(runtime, "GET", "/tasks?limit=100")
     assert status == 200 and [t["id"] for t in page["tasks"]] == [f"big-{i:03}" for i in range(100)]
     assert all("payload" not in t and "target" not in t for t in page["tasks"])
-    assert page["tasks"][0]["status"] == "PENDING" and page["next"] is None
+    assert page["tasks"][0]["status"] == "PENDING"
+    if page["next"]:  # DynamoDB stops at the limit and may say more follow: none do
+        assert call_api(runtime, "GET", f"/tasks?limit=100&next={page['next']}")[1]["tasks"] == []
     status, task = call_api(runtime, "GET", "/tasks/big-007")
     assert status == 200 and task["payload"] == payload and task["target"]["topic_arn"]
 

@@ -161,3 +161,10 @@ def test_recurring_fires_every_occurrence_of_every_schedule_once(capsys):
     assert recurring["early"] == recurring["duplicates"] == recurring["lost"] == 0
     assert recurring["unexpected"] == 0
     assert recurring["executions"] < recurring["submitted"]  # one a second at most, packed
+
+
+def test_bench_refuses_costs_it_cannot_meter(capsys):
+    """Write units are metered by the moto tables only: --cost on DynamoDB Local is refused
+    before anything runs."""
+    code = main(["bench", "--scenarios", "spread", "--cost", "--tables", "dynamodb-local"])
+    assert code == 2 and "--cost" in capsys.readouterr().err

@@ -5,6 +5,7 @@ not eleven, and the task still fires, reads and reschedules whole."""
 import json
 
 import boto3
+import pytest
 
 from tests.conftest import call_api, stored, wait_for_status, webhook_task
 from tocsin import clock
@@ -19,7 +20,6 @@ def bodies() -> list[dict]:
 
 
 def test_a_large_body_is_kept_apart_and_the_task_fires_whole(runtime, receiver):
-    runtime.dynamodb.keep_journal()
     payload = {"blob": "x" * 10 * KIB}
     body = webhook_task(receiver.url, clock.now_ms() + 1500, "large", payload)
     assert call_api(runtime, "POST", "/tasks", body)[0] == 201
@@ -32,7 +32,16 @@ def test_a_large_body_is_kept_apart_and_the_task_fires_whole(runtime, receiver):
     assert json.loads(arrival.body) == payload  # the executor read the body and sent it
     status, task = call_api(runtime, "GET", "/tasks/large")
     assert status == 200 and task["payload"] == payload and task["target"]["url"]
-    # the mark, the claim and the final mark: one unit each on the Tasks table
+
+
+@pytest.mark.moto_tables
+def test_a_task_with_a_large_body_is_one_write_unit_a_mark(runtime, receiver):
+    """The mark, the claim and the final mark of a task whose payload is 10 KiB: one unit
+    each on the Tasks table (eleven each when the payload was on the task)."""
+    runtime.dynamodb.keep_journal()
+    body = webhook_task(receiver.url, clock.now_ms() + 1500, "large", {"blob": "x" * 10 * KIB})
+    assert call_api(runtime, "POST", "/tasks", body)[0] == 201
+    wait_for_status("large", {"SUCCEEDED"})
     updates = [
         write["billed"]["table"]
         for write in runtime.dynamodb.journal()

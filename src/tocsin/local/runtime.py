@@ -54,6 +54,7 @@ from typing import Any
 from unittest import mock
 
 from tocsin.local import moto_patches, state
+from tocsin.local.dynamodb_local import DynamoDBLocalTables
 from tocsin.local.dynamodb_process import DynamoDBProcess, process_usage
 from tocsin.local.gates_first import GatesFirst
 from tocsin.local.queues import QueueMapping, poll, take_over_mappings
@@ -96,6 +97,9 @@ PROCESS_ENVIRONMENT = {
 # KeyError '_route'); the executors' invocations must overlap, as their gates do on AWS.
 ONE_AT_A_TIME = {"ApiFunction"}
 QUEUE_POLL_INTERVAL_S = 1.0
+# Where the stack's tables live: moto's DynamoDB in a child process (metered, with faults to
+# inject), or DynamoDB Local, AWS's own engine (tocsin.local.dynamodb_local).
+TABLE_ENGINES = ("moto", "dynamodb-local")
 # Lambda's limit on a synchronous invocation's response, as it counts it (the quotas page's
 # "6 MB"; its error names this figure). The local runtime has no limit of its own: without
 # this, a listing past it answered locally and failed on AWS.
@@ -150,6 +154,7 @@ class EmbeddedRuntime:
         finder_interval_s: float | None = 5.0,
         root: Path | None = None,
         state_file: Path | None = None,
+        tables: str = "moto",
     ):
         self.root = root or project_root()
         self.parameters = {**LOCAL_PARAMETERS, **(parameters or {})}
@@ -165,6 +170,9 @@ class EmbeddedRuntime:
         self._threads: list[threading.Thread] = []
         self._queue_mappings: list[QueueMapping] = []
         self.state_file = state_file
+        if tables not in TABLE_ENGINES:
+            raise ValueError(f"tables: one of {', '.join(TABLE_ENGINES)}")
+        self.tables = tables
         self.requeued: list[str] = []  # tasks whose executions a restart had lost
         self._invoking = 0  # Lambda invocations under way for executions
         self._invocations_done = threading.Condition()
@@ -189,7 +197,8 @@ class EmbeddedRuntime:
 
     def _start(self) -> None:
         self._exits.enter_context(mock.patch.dict(os.environ, PROCESS_ENVIRONMENT))
-        self.dynamodb = DynamoDBProcess(dict(os.environ))  # starts while the rest is built
+        engine = DynamoDBLocalTables if self.tables == "dynamodb-local" else DynamoDBProcess
+        self.dynamodb = engine(dict(os.environ))  # starts while the rest is built
         self._exits.callback(self.dynamodb.hand_back)
         self._exits.enter_context(warnings.catch_warnings())
         warnings.filterwarnings("ignore", message="No application metrics to publish")

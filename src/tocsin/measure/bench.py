@@ -67,6 +67,7 @@ class Bench:
     rng: random.Random
     scale: float = 1.0
     cost: bool = False
+    tables: str = "moto"  # where the runtimes keep their tables (TABLE_ENGINES)
 
     def size(self, full: int) -> int:
         return max(5, round(full * self.scale))
@@ -169,6 +170,7 @@ def timed_run(
         EmbeddedRuntime(
             {"LookAheadSeconds": str(LOOKAHEAD_S), **allowing(receiver.url)},
             finder_interval_s=FINDER_INTERVAL_S,
+            tables=bench.tables,
         ) as runtime,
     ):
         before = runtime.footprint()  # the stack is up: from here on, the tasks' own work
@@ -421,7 +423,9 @@ def finder_scale(bench: Bench) -> dict[str, Any]:
     """100,000 tasks due over 30 days and 1,000 due within the look-ahead: one finder run
     must start exactly the due ones, reading about as many items as are due."""
     stored, due_now = bench.size(100_000), bench.size(1000)
-    with EmbeddedRuntime({"LookAheadSeconds": "60"}, finder_interval_s=None) as runtime:
+    with EmbeddedRuntime(
+        {"LookAheadSeconds": "60"}, finder_interval_s=None, tables=bench.tables
+    ) as runtime:
         now = clock.now_ms()
         later = [now + 3_600_000 + bench.rng.randrange(30 * 86_400_000) for _ in range(stored)]
         soon = [now + 5000 + bench.rng.randrange(50_000) for _ in range(due_now)]
@@ -477,7 +481,7 @@ def throttled(bench: Bench) -> dict[str, Any]:
         "WakesPerSecond": "300",
         "BatchSize": "1",
     }
-    with EmbeddedRuntime(parameters, finder_interval_s=None) as runtime:
+    with EmbeddedRuntime(parameters, finder_interval_s=None, tables=bench.tables) as runtime:
         # Due 35-60 s after the first finder run, not after the bench began storing them.
         first_run_ms = clock.now_ms() + tasks * STORE_ALLOWANCE_MS
         due = sorted(first_run_ms + 35_000 + bench.rng.randrange(25_000) for _ in range(tasks))
@@ -525,7 +529,7 @@ def aws_burst(bench: Bench) -> dict[str, Any]:
 
     tasks = bench.size(50_000)
     parameters = {"LookAheadSeconds": "180", "LeadMilliseconds": "2000", "WakesPerSecond": "300"}
-    with EmbeddedRuntime(parameters, finder_interval_s=None) as runtime:
+    with EmbeddedRuntime(parameters, finder_interval_s=None, tables=bench.tables) as runtime:
         config = settings()
         # A minute after the finder's run, as a run a minute or more ahead finds a burst.
         due_second = (clock.now_ms() + tasks * STORE_ALLOWANCE_MS) // 1000 + 60
@@ -605,10 +609,12 @@ TIMED = (
 RESULT_KEY = {"cold-start": "cold_start"}  # the scenarios whose results go by another name
 
 
-def run(names: list[str], scale: float, seed: int, cost: bool, console: Any) -> dict[str, Any]:
+def run(
+    names: list[str], scale: float, seed: int, cost: bool, console: Any, tables: str = "moto"
+) -> dict[str, Any]:
     """Each named scenario in turn, with progress bars; their figures by name."""
     with progress_bars(console, label_width=22, transient=True) as progress:
-        bench = Bench(progress, random.Random(seed), scale, cost)
+        bench = Bench(progress, random.Random(seed), scale, cost, tables)
         overall = progress.add_task("scenarios", total=len(names))
         results = {}
         for name in names:
@@ -764,7 +770,13 @@ def plot(results: dict[str, Any], path: str) -> None:
 
 
 def main(
-    names: list[str], scale: float, seed: int, as_json: bool, plot_path: str | None, cost: bool
+    names: list[str],
+    scale: float,
+    seed: int,
+    as_json: bool,
+    plot_path: str | None,
+    cost: bool,
+    tables: str = "moto",
 ) -> int:
     """Run, report (tables, or JSON as the last line), plot; 1 if a promise broke."""
     import logging
@@ -773,7 +785,7 @@ def main(
 
     logging.getLogger("moto").setLevel(logging.CRITICAL)
     console = Console(stderr=as_json)
-    results = run(names, scale, seed, cost, console)
+    results = run(names, scale, seed, cost, console, tables)
     if plot_path:
         plot(results, plot_path)
     for figures in results.values():

@@ -88,6 +88,7 @@ class DemoOptions:
     seed: int | None = None
     lookahead_s: int = 20
     finder_interval_s: float = 5.0
+    tables: str = "moto"  # or "dynamodb-local" (tocsin.local.runtime.TABLE_ENGINES)
 
 
 def run_demo(options: DemoOptions) -> dict[str, Any]:
@@ -100,6 +101,7 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
         EmbeddedRuntime(
             {"LookAheadSeconds": str(options.lookahead_s), **allowing(receiver.url)},
             finder_interval_s=options.finder_interval_s,
+            tables=options.tables,
         ) as runtime,
         progress_bars(console) as bar,
     ):
