@@ -9,7 +9,10 @@ from contextlib import ExitStack
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tocsin.measure.cost import Pricing
 
 RELATIVE = re.compile(r"^\+(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
 HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*")
@@ -378,7 +381,26 @@ def _bench(args: argparse.Namespace) -> int:
     if args.cost and args.tables != "moto":
         print("error: --cost: write units are metered by the moto tables only", file=sys.stderr)
         return 2
-    return bench.main(names, args.scale, args.seed, args.json, args.plot, args.cost, args.tables)
+    pricing = _pricing(args)
+    if isinstance(pricing, str):
+        print(f"error: {pricing}", file=sys.stderr)
+        return 2
+    return bench.main(names, args.scale, args.seed, args.json, args.plot, pricing, args.tables)
+
+
+def _pricing(args: argparse.Namespace) -> "Pricing | str | None":
+    """The bench's pricing from --cost, --billing and --utilization; a refusal as text."""
+    from tocsin.measure.cost import Pricing
+
+    if not args.cost:
+        given = args.billing or args.utilization is not None
+        return "--billing and --utilization price a run: add --cost" if given else None
+    if args.utilization is not None and args.billing != "provisioned":
+        return "--utilization: only provisioned capacity has one (add --billing provisioned)"
+    utilization = 70.0 if args.utilization is None else args.utilization
+    if not 20 <= utilization <= 90:
+        return f"--utilization {utilization:g}: Application Auto Scaling targets 20 to 90 %"
+    return Pricing(args.billing or "on-demand", utilization / 100)
 
 
 def _tables_option(command: argparse.ArgumentParser) -> None:
@@ -455,6 +477,17 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print the results as JSON, last line")
     bench.add_argument("--plot", metavar="FILE.png", help="draw lateness histograms to this file")
     bench.add_argument("--cost", action="store_true", help="count billed usage, price it")
+    bench.add_argument(
+        "--billing",
+        choices=["on-demand", "provisioned"],
+        help="price DynamoDB on demand (the default) or as provisioned capacity",
+    )
+    bench.add_argument(
+        "--utilization",
+        type=float,
+        metavar="PERCENT",
+        help="with --billing provisioned: the share of capacity a steady load uses (70)",
+    )
     _tables_option(bench)
     bench.set_defaults(run=_bench)
 

@@ -168,3 +168,18 @@ def test_bench_refuses_costs_it_cannot_meter(capsys):
     before anything runs."""
     code = main(["bench", "--scenarios", "spread", "--cost", "--tables", "dynamodb-local"])
     assert code == 2 and "--cost" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        (["--billing", "provisioned"], "--cost"),
+        (["--cost", "--utilization", "50"], "--billing provisioned"),
+        (["--cost", "--billing", "provisioned", "--utilization", "95"], "20 to 90"),
+    ],
+)
+def test_bench_refuses_a_pricing_it_cannot_state(capsys, arguments, named):
+    """A utilization belongs to provisioned capacity, within what auto scaling targets, and
+    a billing mode to a priced run: anything else is refused before anything runs."""
+    assert main(["bench", "--scenarios", "spread", *arguments]) == 2
+    assert named in capsys.readouterr().err

@@ -1,14 +1,17 @@
 """The template, the state machine and the code agree on task types and wiring."""
 
+import copy
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 from samtranslator.yaml_helper import yaml_parse
 
 from tocsin import aws
 from tocsin.dispatch import EXECUTORS, MAX_STAGGER_S
 from tocsin.executor import BACKOFF_S, FINISH_MARGIN_MS
+from tocsin.local.stack import expand_language_extensions
 from tocsin.model import MAX_ATTEMPTS_LIMIT, TaskType
 from tocsin.targets import TARGETS
 
@@ -201,3 +204,70 @@ def test_a_warmed_table_warms_every_index_its_task_writes_change():
     indexes = {index["IndexName"]: index for index in tasks["GlobalSecondaryIndexes"]}
     assert indexes["DispatchIndex"]["WarmThroughput"] == warm
     assert indexes["OwnerKeysIndex"]["WarmThroughput"] == warm
+
+
+def evaluated(value: Any, mappings: dict[str, Any]) -> Any:
+    """A ResourceId or ScalableDimension as CloudFormation would make it, a table's name
+    standing for its logical id."""
+    if isinstance(value, str):
+        return value
+    if "Ref" in value:
+        return value["Ref"]
+    if "Fn::FindInMap" in value:
+        name, key, attribute = value["Fn::FindInMap"]
+        return mappings[name][key][attribute]
+    text, variables = value["Fn::Sub"]
+    for name, variable in variables.items():
+        text = text.replace(f"${{{name}}}", evaluated(variable, mappings))
+    return text
+
+
+def test_provisioned_capacity_scales_every_table_and_index_but_the_sent_log():
+    """BillingMode=PROVISIONED: each table billed by it, and each of its indexes (an index
+    short of capacity throttles its table), has read and write capacity to start from and a
+    target-tracking policy on each; only the rarely written Sent table stays on demand."""
+    template = expand_language_extensions(copy.deepcopy(TEMPLATE))
+    resources = template["Resources"]
+    tables = {k: r for k, r in resources.items() if r["Type"] == "AWS::DynamoDB::Table"}
+    billed = {
+        k for k, r in tables.items() if r["Properties"]["BillingMode"] == {"Ref": "BillingMode"}
+    }
+    assert set(tables) - billed == {"SentTable"}
+    expected = set()
+    for name in billed:
+        indexes = tables[name]["Properties"].get("GlobalSecondaryIndexes", [])
+        for part in [tables[name]["Properties"], *indexes]:
+            assert part["ProvisionedThroughput"]["Fn::If"][0] == "Provisioned", name
+        for use in ("Read", "Write"):
+            expected.add((f"table/{name}", f"dynamodb:table:{use}CapacityUnits"))
+            for index in indexes:
+                expected.add(
+                    (
+                        f"table/{name}/index/{index['IndexName']}",
+                        f"dynamodb:index:{use}CapacityUnits",
+                    )
+                )
+    targets = {k: r for k, r in resources.items() if r["Type"].endswith("::ScalableTarget")}
+    scaled = {
+        (
+            evaluated(p["ResourceId"], template["Mappings"]),
+            evaluated(p["ScalableDimension"], template["Mappings"]),
+        )
+        for p in (r["Properties"] for r in targets.values())
+    }
+    assert scaled == expected and len(targets) == len(expected)
+    policies = [r for r in resources.values() if r["Type"].endswith("::ScalingPolicy")]
+    assert {p["Properties"]["ScalingTargetId"]["Ref"] for p in policies} == set(targets)
+    for policy in policies:
+        target = targets[policy["Properties"]["ScalingTargetId"]["Ref"]]["Properties"]
+        tracking = policy["Properties"]["TargetTrackingScalingPolicyConfiguration"]
+        use = (
+            "Read"
+            if "Read" in evaluated(target["ScalableDimension"], template["Mappings"])
+            else "Write"
+        )
+        metric = tracking["PredefinedMetricSpecification"]["PredefinedMetricType"]
+        assert metric == {"Fn::Sub": f"DynamoDB{use}CapacityUtilization"}
+        assert tracking["TargetValue"] == {"Ref": "CapacityTargetUtilization"}
+    for resource in [*targets.values(), *policies]:
+        assert resource["Condition"] == "Provisioned"

@@ -260,11 +260,9 @@ def create_tables(endpoint: str, descriptions: list[dict[str, Any]]) -> None:
 
     client = boto3.client("dynamodb", endpoint_url=endpoint)
     for table in descriptions:
+        billing = table.get("BillingModeSummary", {}).get("BillingMode", "PAY_PER_REQUEST")
         indexes = {
-            kind: [
-                {key: index[key] for key in ("IndexName", "KeySchema", "Projection")}
-                for index in table[kind]
-            ]
+            kind: [_created_index(index, billing) for index in table[kind]]
             for kind in ("GlobalSecondaryIndexes", "LocalSecondaryIndexes")
             if table.get(kind)
         }
@@ -272,9 +270,24 @@ def create_tables(endpoint: str, descriptions: list[dict[str, Any]]) -> None:
             TableName=table["TableName"],
             KeySchema=table["KeySchema"],
             AttributeDefinitions=table["AttributeDefinitions"],
-            BillingMode="PAY_PER_REQUEST",
+            BillingMode=billing,
+            **_capacity(table, billing),
             **indexes,
         )
+
+
+def _created_index(index: dict[str, Any], billing: str) -> dict[str, Any]:
+    created = {key: index[key] for key in ("IndexName", "KeySchema", "Projection")}
+    return created | _capacity(index, billing)
+
+
+def _capacity(described: dict[str, Any], billing: str) -> dict[str, Any]:
+    """A provisioned table's or index's read and write units, as described."""
+    if billing != "PROVISIONED" or "ProvisionedThroughput" not in described:
+        return {}
+    units = described["ProvisionedThroughput"]
+    names = ("ReadCapacityUnits", "WriteCapacityUnits")
+    return {"ProvisionedThroughput": {name: units[name] for name in names}}
 
 
 # Children emptied at a runtime's stop, with their endpoints: the next runtime takes one.

@@ -3,7 +3,9 @@ CloudFormation, with what moto's CloudFormation skips (secrets) made beside it.
 
 moto's CloudFormation does not apply a state machine's DefinitionSubstitutions, and
 skips API Gateway v2 and a few other types (see tests/integration/test_deploy_smoke.py):
-the runtime resolves the substitutions itself from the stack's resources.
+the runtime resolves the substitutions itself from the stack's resources. Neither the SAM
+translator nor moto knows AWS::LanguageExtensions: its Fn::ForEach is expanded here first,
+as SAM CLI (`--language-extensions`) and CloudFormation do.
 """
 
 import copy
@@ -11,6 +13,7 @@ import functools
 import io
 import json
 import logging
+import re
 import secrets
 import string
 import zipfile
@@ -22,6 +25,8 @@ REGION = "us-east-1"
 STACK_NAME = "tocsin"
 ARTIFACT_BUCKET = "tocsin-local-artifacts"
 ARTIFACT_KEY = "code.zip"
+LANGUAGE_EXTENSIONS = "AWS::LanguageExtensions"
+FOR_EACH = "Fn::ForEach::"
 
 
 def project_root() -> Path:
@@ -56,7 +61,7 @@ def _translated(
 
     # The translator records its own usage metrics and warns that nobody published them.
     logging.getLogger("samtranslator.metrics.metrics").setLevel(logging.ERROR)
-    template = yaml_parse(text)
+    template = expand_language_extensions(yaml_parse(text))
     code_dirs: dict[str, Path] = {}
     artifact = f"s3://{ARTIFACT_BUCKET}/{ARTIFACT_KEY}"
     for logical_id, resource in template["Resources"].items():
@@ -71,6 +76,61 @@ def _translated(
             properties["Definition"] = json.loads(definition)
     loader = ManagedPolicyLoader(boto3.client("iam"))
     return transform(template, dict(parameters), loader), code_dirs
+
+
+def expand_language_extensions(template: dict[str, Any]) -> dict[str, Any]:
+    """The template with its resources' Fn::ForEach loops expanded and each Ref that holds
+    a function (which the transform allows) resolved, the transform itself then dropped.
+    Only what template.yaml uses: literal collections, ${x} and &{x} in keys and strings,
+    Ref x, and a Ref of a literal Fn::Sub or Fn::FindInMap."""
+    transforms = template.get("Transform", [])
+    if LANGUAGE_EXTENSIONS not in transforms:
+        return template
+    template["Transform"] = [t for t in transforms if t != LANGUAGE_EXTENSIONS]
+    template["Resources"] = _looped(template["Resources"])
+    return _resolved_refs(template, template.get("Mappings", {}))
+
+
+def _looped(fragment: dict[str, Any]) -> dict[str, Any]:
+    expanded: dict[str, Any] = {}
+    for key, value in fragment.items():
+        if not key.startswith(FOR_EACH):
+            expanded[key] = value
+            continue
+        identifier, collection, body = value
+        for item in collection:
+            expanded.update(_looped(_bound(body, identifier, item)))
+    return expanded
+
+
+def _bound(value: Any, identifier: str, item: str) -> Any:
+    """`value` with one loop's identifier replaced by the item."""
+    if isinstance(value, str):
+        plain = re.sub(r"[^A-Za-z0-9]", "", item)
+        return value.replace(f"${{{identifier}}}", item).replace(f"&{{{identifier}}}", plain)
+    if isinstance(value, list):
+        return [_bound(v, identifier, item) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if value == {"Ref": identifier}:
+        return item
+    return {_bound(k, identifier, item): _bound(v, identifier, item) for k, v in value.items()}
+
+
+def _resolved_refs(value: Any, mappings: dict[str, Any]) -> Any:
+    if isinstance(value, list):
+        return [_resolved_refs(v, mappings) for v in value]
+    if not isinstance(value, dict):
+        return value
+    target = value.get("Ref")
+    if isinstance(target, dict) and len(value) == 1:
+        if "Fn::Sub" in target and "${" not in target["Fn::Sub"]:
+            return {"Ref": target["Fn::Sub"]}
+        if "Fn::FindInMap" in target:
+            name, key, attribute = target["Fn::FindInMap"]
+            return {"Ref": mappings[name][key][attribute]}
+        raise ValueError(f"a Ref the runtime cannot resolve: {target}")
+    return {k: _resolved_refs(v, mappings) for k, v in value.items()}
 
 
 def _create_secrets(template: dict[str, Any]) -> dict[str, Any]:

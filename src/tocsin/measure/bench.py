@@ -37,7 +37,7 @@ from tocsin.bodies import split
 from tocsin.dispatch import Batch, DueTask, attempt_limit_s, execution_arn, execution_input
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.local.server import api_event
-from tocsin.measure.cost import billed_usage, transitions
+from tocsin.measure.cost import Pricing, billed_usage, transitions
 from tocsin.measure.demo import (
     PlannedTask,
     lateness_values,
@@ -66,7 +66,7 @@ class Bench:
     progress: Progress
     rng: random.Random
     scale: float = 1.0
-    cost: bool = False
+    cost: Pricing | None = None  # count billed usage and price it so
     tables: str = "moto"  # where the runtimes keep their tables (TABLE_ENGINES)
 
     def size(self, full: int) -> int:
@@ -159,7 +159,7 @@ Plan = Callable[[EmbeddedRuntime, str], tuple[list[PlannedTask], float]]
 
 
 def timed_run(
-    bench: Bench, label: str, plan: Plan, cost: bool
+    bench: Bench, label: str, plan: Plan, cost: Pricing | None
 ) -> tuple[dict[str, Any], list[int], list[Any]]:
     """On a fresh runtime with a receiver: `plan` submits what is to fire (returning the
     tasks it expects and the seconds it took); then the figures of what arrived, the
@@ -198,7 +198,7 @@ def timed_run(
             submit_s=round(submit_s, 1),
         )
         if cost:
-            usage = billed_usage(runtime, executions, requests, write_units, len(planned))
+            usage = billed_usage(runtime, executions, requests, write_units, len(planned), cost)
             figures["cost"] = usage
     bench.progress.remove_task(bar)
     lateness = lateness_values(planned, arrivals)
@@ -224,7 +224,7 @@ def timed_variant(
         VARIANTS[variant](runtime, planned, url)
         return planned, time.monotonic() - submitting
 
-    cost = bench.cost and variant != "baseline"
+    cost = bench.cost if variant != "baseline" else None
     figures, lateness, _ = timed_run(bench, f"{label} {variant}", plan, cost)
     return figures, lateness
 
@@ -610,7 +610,12 @@ RESULT_KEY = {"cold-start": "cold_start"}  # the scenarios whose results go by a
 
 
 def run(
-    names: list[str], scale: float, seed: int, cost: bool, console: Any, tables: str = "moto"
+    names: list[str],
+    scale: float,
+    seed: int,
+    cost: Pricing | None,
+    console: Any,
+    tables: str = "moto",
 ) -> dict[str, Any]:
     """Each named scenario in turn, with progress bars; their figures by name."""
     with progress_bars(console, label_width=22, transient=True) as progress:
@@ -698,7 +703,8 @@ def print_report(results: dict[str, Any], console: Any) -> None:
         _print_cold_start(results["cold_start"], console)
     costs = {name: r["cost"] for name, r in timed.items() if "cost" in r}
     for name, cost in costs.items():
-        table = Table("unit", "per task", "$ per million tasks", title=f"cost model ({name})")
+        title = f"cost model ({name}, DynamoDB {cost['billing']})"
+        table = Table("unit", "per task", "$ per million tasks", title=title)
         for unit, amount in cost["per_task"].items():
             table.add_row(unit, str(amount), f"{cost['usd_per_million'][unit]:.2f}")
         table.add_row("total", "", f"{cost['usd_per_million_total']:.2f}")
@@ -775,7 +781,7 @@ def main(
     seed: int,
     as_json: bool,
     plot_path: str | None,
-    cost: bool,
+    cost: Pricing | None,
     tables: str = "moto",
 ) -> int:
     """Run, report (tables, or JSON as the last line), plot; 1 if a promise broke."""

@@ -5,12 +5,13 @@ invocations and their billed milliseconds (the gate's sleep included) from the r
 DynamoDB write units (per 1 KB of each item written, and each global index's writes:
 `tocsin.local.write_units`) and read requests from the DynamoDB process, API requests from
 the API function's invocations. Prices are AWS list prices in us-east-1 (Lambda at each
-function's architecture, DynamoDB on demand, Step Functions Standard, HTTP API), checked
-2026-11; a read request is priced as one read unit, which holds for strongly consistent
-reads of up to 4 KB (reads are a few cents of a task's cost).
+function's architecture, DynamoDB on demand or provisioned, Step Functions Standard, HTTP
+API), checked 2026-11; a read request is priced as one read unit, which holds for strongly
+consistent reads of up to 4 KB (reads are a few cents of a task's cost).
 """
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 from tocsin import aws
@@ -24,8 +25,37 @@ PRICE_PER_UNIT = {
     "dynamodb_reads": 0.125 / 1e6,
     "api_requests": 1.00 / 1e6,
 }
+# Provisioned capacity (BillingMode=PROVISIONED): per unit-hour, used or not.
+WRITE_UNIT_HOUR = 0.00065
+READ_UNIT_HOUR = 0.00013
 SCHEDULER_PER_MILLION = 1.00  # EventBridge Scheduler: $1.00 per million invocations, 60 s precision
 READS = {"GetItem", "Query", "Scan", "BatchGetItem", "TransactGetItems"}
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """How the tables are billed: on demand, or provisioned capacity of which a steady load
+    uses `utilization` (Application Auto Scaling's target): each unit used then costs its
+    hour's price over the seconds of that hour it is used."""
+
+    billing: str = "on-demand"  # or "provisioned"
+    utilization: float = 0.70
+
+    def unit_prices(self) -> dict[str, float]:
+        if self.billing == "on-demand":
+            return PRICE_PER_UNIT
+        write = WRITE_UNIT_HOUR / 3600 / self.utilization
+        read = READ_UNIT_HOUR / 3600 / self.utilization
+        return PRICE_PER_UNIT | {
+            "dynamodb_write_units": write,
+            "dynamodb_index_write_units": write,
+            "dynamodb_reads": read,
+        }
+
+    def label(self) -> str:
+        if self.billing == "on-demand":
+            return "on demand"
+        return f"provisioned, {self.utilization:.0%} used"
 
 
 def transitions(execution_arn: str) -> int:
@@ -44,7 +74,8 @@ def billed_usage(
     requests: Counter[str],
     write_units: Counter[str],
     tasks: int,
-) -> dict[str, float]:
+    pricing: Pricing,
+) -> dict[str, Any]:
     """Per task: each billed unit, and the dollars per million tasks it comes to."""
     invocations = gb_seconds = gb_second_usd = 0.0
     for (logical_id, kind), value in runtime.usage.items():
@@ -65,9 +96,10 @@ def billed_usage(
         "api_requests": runtime.usage["ApiFunction", "invocations"],
     }
     per_task = {unit: value / tasks for unit, value in totals.items()}
-    prices = PRICE_PER_UNIT | {"lambda_gb_seconds": gb_second_usd / max(gb_seconds, 1e-9)}
+    prices = pricing.unit_prices() | {"lambda_gb_seconds": gb_second_usd / max(gb_seconds, 1e-9)}
     per_million = {unit: per_task[unit] * prices[unit] * 1e6 for unit in per_task}
     return {
+        "billing": pricing.label(),
         "per_task": {unit: round(value, 3) for unit, value in per_task.items()},
         # the table's and each index's (`index:<name>`), as DynamoDB Local bills them
         "write_units_per_task": {
