@@ -227,6 +227,12 @@ def execution_arn(state_machine_arn: str, name: str) -> str:
     return f"{state_machine_arn.replace(':stateMachine:', ':execution:')}:{name}"
 
 
+def execution_name(arn: str) -> str:
+    """An execution's name, what a task records of it (its ARN adds 100 bytes to each
+    write of the item; the state machine's is in the settings)."""
+    return arn.rsplit(":", 1)[1]
+
+
 # A few attempts only (backoff ~1, 2, 4 s): a start still throttled after them waits for the
 # next finder run rather than stalling this one.
 SFN_RETRIES = 4  # botocore counts these after the first call
@@ -343,8 +349,9 @@ def dispatch_all(tasks: list[DueTask], settings: Settings, deadline: float) -> D
             if arn is not None:
                 for task in batch.tasks:
                     check = check_index_keys(task.task_id, task.due_ms, settings)
+                    name = batch.execution_name
                     mark = marking.submit(
-                        store.mark_scheduled, task.task_id, task.version, arn, check
+                        store.mark_scheduled, task.task_id, task.version, name, check
                     )
                     marks.append(mark)
             return outcome
@@ -392,17 +399,19 @@ def dispatch_if_due_soon(
         return item
     # Marked, the task as it now is; not marked, its execution (or a cancel) got there first.
     check = check_index_keys(task.task_id, task.due_ms, settings)
-    marked = store.mark_scheduled(task.task_id, task.version, arn, check, "ALL_NEW")
+    name = execution_name(arn)
+    marked = store.mark_scheduled(task.task_id, task.version, name, check, "ALL_NEW")
     return marked or store.get(task.task_id) or item
 
 
-def stop_own_execution(item: dict[str, Any], reason: str) -> None:
+def stop_own_execution(item: dict[str, Any], reason: str, settings: Settings) -> None:
     """Stop the execution of a task that changed, if the task has one of its own; a shared
     execution goes on for the rest of its batch, and its claim of this task fails anyway.
     Best effort: an execution that already finished is harmless."""
-    arn = item.get("execution_arn")
-    if not arn or arn.rsplit(":", 1)[1] != Batch((due_task(item),)).execution_name:
+    name = item.get("execution")
+    if not name or name != Batch((due_task(item),)).execution_name:
         return
+    arn = execution_arn(settings.state_machine_arn, name)
     try:
         _sfn().stop_execution(executionArn=arn, cause=reason)
     except Exception as error:  # already finished, or the service is busy: harmless

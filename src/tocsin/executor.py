@@ -34,6 +34,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from tocsin import aws, clock, gate
 from tocsin.dead_letter import send_letter
+from tocsin.dispatch import execution_name
 from tocsin.errors import Busy, PermanentTargetError, TransientTargetError
 from tocsin.index_keys import check_index_keys, owed_letter_keys
 from tocsin.model import (
@@ -323,7 +324,7 @@ def execute(
     began_ms = clock.now_ms()
     ends_ms = began_ms + remaining_ms()
     deadline_ms = ends_ms - FINISH_MARGIN_MS
-    holder = Holder(batch.execution, attempt, lease_until_ms=ends_ms)
+    holder = Holder(execution_name(batch.execution), attempt, lease_until_ms=ends_ms)
     held, in_progress = claim_batch(
         store, batch, holder, began_ms + (deadline_ms - began_ms) // CLAIMS_SHARE
     )

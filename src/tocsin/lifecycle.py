@@ -146,7 +146,7 @@ def cancel_task(task_id: str, owner: str, config: Settings) -> dict[str, Any]:
     item = store.cancel(check_id(task_id), owner, clock.to_iso(now_ms), config.expires_at(now_ms))
     if item is None:
         raise _unchangeable(store, task_id, owner, "cancelled")
-    stop_own_execution(item, "cancelled")
+    stop_own_execution(item, "cancelled", config)
     return task_view(store.whole([item])[0])
 
 
@@ -178,5 +178,5 @@ def reschedule_task(task_id: str, body: Any, owner: str, config: Settings) -> di
     item = store.reschedule(task_id, owner, version, changes, clock.to_iso(now))
     if item is None:
         raise _unchangeable(store, task_id, owner, "rescheduled")
-    stop_own_execution(current, "rescheduled")
+    stop_own_execution(current, "rescheduled", config)
     return task_view(_with_body(dispatch_if_due_soon(item, config, store), nxt))

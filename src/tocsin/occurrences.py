@@ -161,7 +161,7 @@ def cancel_leftovers(
             config.expires_at(now),
         )
         if task is not None:
-            stop_own_execution(task, "its schedule changed")
+            stop_own_execution(task, "its schedule changed", config)
             cancelled += 1
     return cancelled
 

@@ -38,6 +38,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from tocsin import aws, clock
 from tocsin.dead_letter import send_letter
+from tocsin.dispatch import execution_arn
 from tocsin.index_keys import check_shard, due_index_keys, owed_letter_keys
 from tocsin.model import TaskStatus
 from tocsin.observability import logger
@@ -102,10 +103,8 @@ class Executions:
     def __init__(self) -> None:
         self._running: dict[str, bool | Exception] = {}
 
-    def running(self, execution_arn: str | None) -> bool:
+    def running(self, execution_arn: str) -> bool:
         """Whether the execution still runs; one that is gone (or never was) does not."""
-        if not execution_arn:
-            return False
         if execution_arn not in self._running:
             self._running[execution_arn] = _described(execution_arn)
         answer = self._running[execution_arn]
@@ -141,8 +140,8 @@ def _settle(
     run: RunState,
 ) -> Reconciled:
     task_id, version = item["task_id"], int(item["version"])
-    execution = item.get("claimed_by") or item.get("execution_arn")
-    if run.executions.running(execution):
+    execution = _held_by(item, config)
+    if execution and run.executions.running(execution):
         store.check_later(task_id, version, now_ms + CHECK_AGAIN_MS)
         return Reconciled.STILL_RUNNING
     requeues = int(item.get("requeues", 0))
@@ -169,10 +168,16 @@ def _settle(
     return Reconciled.FAILED
 
 
+def _held_by(item: dict[str, Any], config: Settings) -> str | None:
+    """The ARN of the execution a task in flight names: its claim's, else its mark's."""
+    name = item.get("execution")
+    return execution_arn(config.state_machine_arn, name) if name else None
+
+
 def _send_owed_letter(
-    store: TaskStore, item: dict[str, Any], now_ms: int, letters: Letters
+    store: TaskStore, item: dict[str, Any], config: Settings, now_ms: int, letters: Letters
 ) -> Reconciled:
-    execution = item.get("claimed_by") or item.get("execution_arn") or ""
+    execution = _held_by(item, config) or ""
     if letters.send(store, item, execution, json.loads(item["error"])):
         return Reconciled.LETTER_SENT
     store.check_later(item["task_id"], int(item["version"]), now_ms + CHECK_AGAIN_MS)
@@ -235,7 +240,7 @@ def _reconcile_one(
     if item["status"] == TaskStatus.FAILED and run.letters.refused:
         return Reconciled.LETTER_OWED  # for the next run
     if item["status"] == TaskStatus.FAILED:
-        return _send_owed_letter(store, item, now_ms, run.letters)
+        return _send_owed_letter(store, item, config, now_ms, run.letters)
     if item["status"] in (TaskStatus.SCHEDULED, TaskStatus.RUNNING):
         return _settle(store, item, config, now_ms, run)
     return None  # settled since the index was read

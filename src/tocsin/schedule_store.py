@@ -273,7 +273,7 @@ def _upsert_occurrence(task: dict[str, Any]) -> dict[str, Any]:
         "UpdateExpression": (
             f"SET #v = if_not_exists(#v, :zero) + :one, #s = :pending, {sets}, "
             "created_at = if_not_exists(created_at, :now) "
-            f"REMOVE {', '.join(['execution_arn', 'claimed_by', 'requeues', *gone])}"
+            f"REMOVE {', '.join(['execution', 'requeues', *gone])}"
         ),
         "ConditionExpression": (
             "attribute_not_exists(task_id) OR "

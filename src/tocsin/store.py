@@ -37,8 +37,8 @@ STATUS_AND_VERSION = {"#s": "status", "#v": "version"}
 
 @dataclass(frozen=True)
 class Holder:
-    """Who claims a task: the execution, its invocation (the attempt: Lambda's request id)
-    and the invocation's end, when the attempt is gone and its lease with it."""
+    """Who claims a task: the execution (its name), its invocation (the attempt: Lambda's
+    request id) and the invocation's end, when the attempt is gone and its lease with it."""
 
     execution: str
     attempt: str
@@ -98,11 +98,11 @@ class TaskStore:
         self,
         task_id: str,
         version: int,
-        execution_arn: str,
+        execution: str,
         check_keys: dict[str, Any],
         returning: str = "NONE",
     ) -> dict[str, Any] | None:
-        """Record that an execution exists, and move the task from the due shards to the
+        """Record that an execution exists (its name), and move the task from the due shards to the
         check shards (`check_keys`), where the reconciler looks if it is never settled.
 
         Only a task still PENDING at the same version is marked (a claim, cancel or
@@ -111,12 +111,12 @@ class TaskStore:
         """
         return self._update(
             task_id,
-            "SET #s = :scheduled, execution_arn = :arn, gsi_pk = :pk, gsi_due_ms = :check",
+            "SET #s = :scheduled, execution = :execution, gsi_pk = :pk, gsi_due_ms = :check",
             "#s = :pending AND #v = :v",
             {
                 ":scheduled": TaskStatus.SCHEDULED.value,
                 ":pending": TaskStatus.PENDING.value,
-                ":arn": execution_arn,
+                ":execution": execution,
                 ":v": version,
                 ":pk": check_keys["gsi_pk"],
                 ":check": check_keys["gsi_due_ms"],
@@ -252,7 +252,7 @@ class TaskStore:
         The old version's execution fails its claim on the version and does nothing.
         """
         names, values, sets = _assignments(changes, "c")
-        gone = ", ".join(["execution_arn", *(n for n in (*CONTENT, "body") if n not in changes)])
+        gone = ", ".join(["execution", *(n for n in (*CONTENT, "body") if n not in changes)])
         return self._update_if_changeable(
             task_id,
             owner,
@@ -299,10 +299,10 @@ class TaskStore:
         try:
             reply = self._table.update_item(
                 Key={"task_id": task_id},
-                UpdateExpression="SET #s = :running, claimed_by = :execution, attempt = :attempt, "
+                UpdateExpression="SET #s = :running, execution = :execution, attempt = :attempt, "
                 "lease_until = :lease, gsi_pk = :pk, gsi_due_ms = :check",
                 ConditionExpression="#v = :v AND (#s IN (:pending, :scheduled) OR (#s = :running "
-                "AND claimed_by = :execution AND (attempt = :attempt OR lease_until < :now)))",
+                "AND execution = :execution AND (attempt = :attempt OR lease_until < :now)))",
                 ExpressionAttributeNames=STATUS_AND_VERSION,
                 ExpressionAttributeValues={
                     ":running": TaskStatus.RUNNING.value,
@@ -323,7 +323,7 @@ class TaskStore:
             old = refused.response.get("Item", {})
             held_here = (
                 old.get("status", {}).get("S") == TaskStatus.RUNNING.value
-                and old.get("claimed_by", {}).get("S") == holder.execution
+                and old.get("execution", {}).get("S") == holder.execution
                 and old.get("version", {}).get("N") == str(version)
             )
             return Claim(None, in_progress=held_here)
@@ -387,7 +387,7 @@ class TaskStore:
             task_id,
             "SET #v = :next, #s = :pending, attempts = :zero, updated_at = :now, "
             "gsi_pk = :pk, gsi_due_ms = :due "
-            "REMOVE #e, expires_at, execution_arn, claimed_by, attempt, lease_until, requeues",
+            "REMOVE #e, expires_at, execution, attempt, lease_until, requeues",
             "#s = :failed AND #v = :v",
             {
                 ":next": version + 1,
@@ -412,7 +412,7 @@ class TaskStore:
         return self._update(
             task_id,
             "SET #s = :pending, requeues = :next, updated_at = :now, gsi_pk = :pk, "
-            "gsi_due_ms = :due REMOVE execution_arn, claimed_by, attempt, lease_until",
+            "gsi_due_ms = :due REMOVE execution, attempt, lease_until",
             "#s IN (:scheduled, :running) AND #v = :v AND "
             "(attribute_not_exists(requeues) OR requeues = :seen)",
             {

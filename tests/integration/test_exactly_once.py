@@ -30,6 +30,7 @@ from tests.conftest import (
     webhook_task,
 )
 from tocsin import aws, clock
+from tocsin.dispatch import execution_arn
 from tocsin.executor import DeliveryInProgress, TableUnavailable
 from tocsin.index_keys import check_index_keys
 from tocsin.measure.cost import transitions
@@ -148,7 +149,7 @@ def test_transient_failure_is_retried_up_to_max_attempts_then_failed_to_the_dlq(
         "task_id": ids[0],
         "version": 1,
         "task_type": "webhook",
-        "execution": item["claimed_by"],
+        "execution": execution_arn(settings().state_machine_arn, item["execution"]),
         "error": error,
     }  # ids and the error: no payload, no target (its headers may hold credentials)
 
@@ -203,14 +204,14 @@ def test_a_retried_invocation_takes_back_its_claim_and_does_not_act_again(runtim
 def test_another_execution_cannot_claim_a_held_task(runtime, receiver):
     ids = store_pending(receiver.url, 1, -1000, "held")
     check = check_index_keys(ids[0], int(stored(ids[0])["due_ms"]), settings())
-    assert claim_as("arn:execution:first", ids[0], check).before["status"] == "PENDING"
+    assert claim_as("first", ids[0], check).before["status"] == "PENDING"
     assert stored(ids[0])["status"] == "RUNNING"
-    again = claim_as("arn:execution:first", ids[0], check)  # its own write, tried again
+    again = claim_as("first", ids[0], check)  # its own write, tried again
     assert again.before["status"] == "RUNNING" and not again.taken_over
-    assert claim_as("arn:execution:second", ids[0], check) == Claim(None)
-    other = runtime.invoke("WebhookExecutorFunction", batch_event(ids[0], "arn:execution:second"))
-    assert other == {"tasks": 1, "claimed": 0}
-    assert receiver.received() == [] and stored(ids[0])["claimed_by"] == "arn:execution:first"
+    assert claim_as("second", ids[0], check) == Claim(None)
+    second = batch_event(ids[0], "arn:aws:states:::execution:m:second")
+    assert runtime.invoke("WebhookExecutorFunction", second) == {"tasks": 1, "claimed": 0}
+    assert receiver.received() == [] and stored(ids[0])["execution"] == "first"
 
 
 @pytest.mark.parametrize("write", ["claim", "finish"])
@@ -257,7 +258,7 @@ def test_a_brownout_that_spends_botocores_retry_quota_still_claims_and_marks_the
 
     def refuse_twice(request: AWSPreparedRequest, **_: object) -> AWSResponse | None:
         body = json.loads(request.body)
-        kind = "claim" if "claimed_by" in body["UpdateExpression"] else "mark"
+        kind = "claim" if "lease_until = :lease" in body["UpdateExpression"] else "mark"
         write = (kind, body["Key"]["task_id"]["S"])
         if (kind == "mark" and ":status" not in body["ExpressionAttributeValues"]) or refused[
             write
@@ -332,7 +333,7 @@ def test_a_dense_window_fires_from_one_execution_each_task_at_its_millisecond(ru
         wait_for_status(task_id, {"SUCCEEDED"})
     [execution] = runtime.executions()
     # the holder, not the finder's mark: on a loaded machine a claim may come before it
-    assert {stored(i)["claimed_by"] for i in ids} == {execution.execution_arn}
+    assert {stored(i)["execution"] for i in ids} == {execution.name}
     arrivals = receiver.received()
     assert Counter(a.task_id for a in arrivals) == dict.fromkeys(ids, 1)
     assert all(a.arrival_ms >= due[a.task_id] for a in arrivals)

@@ -187,6 +187,6 @@ def test_a_name_an_ended_execution_holds_starts_the_task_again_under_a_new_one(r
     assert (report["renamed"], report["already_started"], report["backlog"]) == (1, 0, 0)
     item = stored(task_id)
     assert item["status"] == "SCHEDULED" and int(item["requeues"]) == 1
-    assert item["execution_arn"].endswith(f":{task_id}-v1r1")
+    assert item["execution"] == f"{task_id}-v1r1"
     wait_for_status(task_id, {"SUCCEEDED"})
     assert [a.task_id for a in receiver.received()] == [task_id]

@@ -21,11 +21,16 @@ from tests.conftest import (
     wait_for_status,
 )
 from tocsin import aws, clock
+from tocsin.dispatch import execution_arn
 from tocsin.index_keys import LETTER_GRACE_MS, SETTLE_AFTER_MS, check_index_keys
 from tocsin.reconcile import CHECK_AGAIN_MS, MAX_REQUEUES, reconcile
 from tocsin.settings import settings
 
-GONE = "arn:aws:states:us-east-1:123456789012:execution:tocsin-TaskStateMachine:gone"
+GONE = "gone"  # an execution that has ended (its name, as a task records it)
+
+
+def arn_of(name: str) -> str:
+    return execution_arn(settings().state_machine_arn, name)
 
 
 def past_check_time(task_id: str) -> int:
@@ -39,7 +44,7 @@ def test_a_task_whose_execution_ended_before_its_claim_is_requeued_and_fires_onc
 ):
     [task_id] = store_pending(receiver.url, 1, 12_000, "aborted")
     runtime.run_finder()
-    arn = stored(task_id)["execution_arn"]
+    arn = execution_arn(settings().state_machine_arn, stored(task_id)["execution"])
     boto3.client("stepfunctions").stop_execution(executionArn=arn)  # gone before its wake
     assert runtime.wait_for_executions(5)
     assert stored(task_id)["status"] == "SCHEDULED"
@@ -50,7 +55,7 @@ def test_a_task_whose_execution_ended_before_its_claim_is_requeued_and_fires_onc
     assert (item["status"], int(item["version"]), int(item["requeues"])) == ("PENDING", 1, 1)
 
     assert runtime.run_finder()["started"] == 1  # a new name: the old one is taken
-    assert stored(task_id)["execution_arn"].endswith(f":{task_id}-v1r1")
+    assert stored(task_id)["execution"] == f"{task_id}-v1r1"
     wait_for_status(task_id, {"SUCCEEDED"})
     assert Counter(a.task_id for a in receiver.received()) == {task_id: 1}
 
@@ -67,7 +72,7 @@ def test_a_task_sent_by_an_execution_that_died_before_its_mark_is_not_sent_again
 
     gone = ("before-parameter-build.dynamodb.UpdateItem", table_gone)
     with hooked(client, gone), pytest.raises(ClientError):
-        runtime.invoke("WebhookExecutorFunction", batch_event(task_id, GONE))
+        runtime.invoke("WebhookExecutorFunction", batch_event(task_id, arn_of(GONE)))
     [first] = receiver.received()
     assert stored(task_id)["status"] == "RUNNING"
     died_ms = clock.now_ms()
@@ -80,7 +85,7 @@ def test_a_task_sent_by_an_execution_that_died_before_its_mark_is_not_sent_again
     assert receiver.received() == [first]  # one send in all
     fired_ms = clock.to_ms(datetime.fromisoformat(item["fired_at"]))
     assert fired_ms <= first.arrival_ms and fired_ms < died_ms  # the first fire, recorded
-    assert item["claimed_by"].endswith(f":{task_id}-v1r1")
+    assert item["execution"] == f"{task_id}-v1r1"
 
 
 def test_a_task_whose_executions_keep_ending_fails_to_the_dead_letter_queue(runtime, receiver):
@@ -132,8 +137,8 @@ def test_dead_letters_sqs_refused_are_owed_and_sent_once_by_the_reconciler(runti
     While SQS refuses, a run tries one letter, not every one, and that one waits a while."""
     receiver.status_for["/gone"] = 410
     ids = store_pending(f"{receiver.url}/gone", 2, -500, "unlettered")
-    batch = batch_event(ids[0], GONE)
-    batch["tasks"] += batch_event(ids[1], GONE)["tasks"]
+    batch = batch_event(ids[0], arn_of(GONE))
+    batch["tasks"] += batch_event(ids[1], arn_of(GONE))["tasks"]
     with sqs_outage():
         report = runtime.invoke("WebhookExecutorFunction", batch)
     assert report == {"tasks": 2, "claimed": 2, "failed": 2}
@@ -158,7 +163,7 @@ def test_dead_letters_sqs_refused_are_owed_and_sent_once_by_the_reconciler(runti
     letters = {letter["task_id"]: letter for letter in dead_letters(runtime)}
     assert sorted(letters) == sorted(ids)
     for task_id, letter in letters.items():
-        assert (letter["version"], letter["execution"]) == (1, GONE)
+        assert (letter["version"], letter["execution"]) == (1, arn_of(GONE))
         assert letter["error"] == json.loads(items[task_id]["error"])
         assert "gsi_pk" not in stored(task_id)
     assert reconcile(settings(), later).tasks == []  # each sent once
@@ -189,9 +194,9 @@ def test_a_dead_batch_is_described_once_and_a_refused_look_leaves_only_its_tasks
     for task_id in ids:
         execution = throttled if task_id in ids[-2:] else GONE
         assert claim_as(execution, task_id).before
-    with described(refuse=throttled) as asked:
+    with described(refuse=arn_of(throttled)) as asked:
         report = reconcile(settings(), past_check_time(ids[-1]))
-    assert sorted(asked) == [GONE, throttled]
+    assert sorted(asked) == [arn_of(GONE), arn_of(throttled)]
     assert {t: str(o) for t, o in report.tasks} == {
         **{task_id: "requeued" for task_id in ids[:-2]},
         **{task_id: "reconcile_faults" for task_id in ids[-2:]},

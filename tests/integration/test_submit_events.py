@@ -97,7 +97,7 @@ def test_a_queued_batch_due_soon_starts_packed_and_fires_each_task_once(runtime,
     ids = [f"packed-{i}" for i in range(6)]
     assert {stored(task_id)["status"] for task_id in ids} == {"SCHEDULED"}
     [execution] = runtime.executions()
-    assert {stored(task_id)["execution_arn"] for task_id in ids} == {execution.execution_arn}
+    assert {stored(task_id)["execution"] for task_id in ids} == {execution.name}
     for task_id in ids:
         wait_for_status(task_id, {"SUCCEEDED"})
     assert sorted(a.task_id for a in receiver.received()) == ids

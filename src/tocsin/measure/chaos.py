@@ -28,6 +28,7 @@ from botocore.exceptions import ClientError, EndpointConnectionError
 from moto.core.exceptions import JsonRESTError
 
 from tocsin import aws, clock
+from tocsin.dispatch import execution_arn
 from tocsin.executor import TableUnavailable
 from tocsin.local.dynamodb_process import Fault
 from tocsin.local.runtime import EmbeddedRuntime
@@ -407,13 +408,13 @@ RACE_SPACING_MS = 25  # between the races' due times, on average: their API call
 
 def wake_ms(task_id: str, due_ms: int) -> int:
     """The wake time of the task's execution, read from its input: the claim follows it.
-    (A claim can come before the submit's mark: then only `claimed_by` names it.)"""
+    (A claim can come before the submit's mark: then the claim names it.)"""
     from tocsin.store import TaskStore
 
     item = TaskStore(settings().tasks_table).get(task_id) or {}
-    arn = item.get("execution_arn") or item.get("claimed_by")
-    if not arn:  # not started (yet): the due time is the nearest guess
+    if "execution" not in item:  # not started (yet): the due time is the nearest guess
         return due_ms
+    arn = execution_arn(settings().state_machine_arn, item["execution"])
     given = json.loads(aws.client("stepfunctions").describe_execution(executionArn=arn)["input"])
     return clock.to_ms(datetime.fromisoformat(given["wake_at"]))
 
