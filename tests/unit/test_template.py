@@ -12,6 +12,7 @@ from tocsin import aws
 from tocsin.dispatch import EXECUTORS, MAX_STAGGER_S
 from tocsin.executor import BACKOFF_S, FINISH_MARGIN_MS
 from tocsin.local.stack import expand_language_extensions
+from tocsin.measure.cost import AWS_LEAD_MS
 from tocsin.model import MAX_ATTEMPTS_LIMIT, TaskType
 from tocsin.targets import TARGETS
 
@@ -271,3 +272,7 @@ def test_provisioned_capacity_scales_every_table_and_index_but_the_sent_log():
         assert tracking["TargetValue"] == {"Ref": "CapacityTargetUtilization"}
     for resource in [*targets.values(), *policies]:
         assert resource["Condition"] == "Provisioned"
+
+
+def test_the_bench_prices_executors_at_the_lead_a_deployed_stack_has():
+    assert TEMPLATE["Parameters"]["LeadMilliseconds"]["Default"] == AWS_LEAD_MS

@@ -1,13 +1,14 @@
 """The cost model of `tocsin bench --cost`: what one task used in a run, priced per million.
 
 Usage is counted, not assumed: state transitions from each execution's history, Lambda
-invocations and their billed milliseconds (the gate's sleep included) from the runtime,
-DynamoDB write units (per 1 KB of each item written, and each global index's writes:
-`tocsin.local.write_units`) and read requests from the DynamoDB process, API requests from
-the API function's invocations. Prices are AWS list prices in us-east-1 (Lambda at each
-function's architecture, DynamoDB on demand or provisioned, Step Functions Standard, HTTP
-API), checked 2026-11; a read request is priced as one read unit, which holds for strongly
-consistent reads of up to 4 KB (reads are a few cents of a task's cost).
+invocations and their billed milliseconds (the gate's sleep included, an executor's at a
+deployed stack's lead: AWS_LEAD_MS) from the runtime, DynamoDB write units (per 1 KB of
+each item written, and each global index's writes: `tocsin.local.write_units`) and read
+requests from the DynamoDB process, API requests from the API function's invocations.
+Prices are AWS list prices in us-east-1 (Lambda at each function's architecture,
+DynamoDB on demand or provisioned, Step Functions Standard, HTTP API), checked 2026-11;
+a read request is priced as one read unit, which holds for strongly consistent reads of
+up to 4 KB (reads are a few cents of a task's cost).
 """
 
 from collections import Counter
@@ -28,7 +29,11 @@ PRICE_PER_UNIT = {
 # Provisioned capacity (BillingMode=PROVISIONED): per unit-hour, used or not.
 WRITE_UNIT_HOUR = 0.00065
 READ_UNIT_HOUR = 0.00013
-SCHEDULER_PER_MILLION = 1.00  # EventBridge Scheduler: $1.00 per million invocations, 60 s precision
+SCHEDULER_PER_MILLION = 1.00
+# A deployed stack's lead (template.yaml's LeadMilliseconds): an executor invocation waits
+# through it before its first gate. The embedded runtime wakes earlier (its own lead, for
+# moto's early Waits): each executor invocation is priced as if it had woken at this one.
+AWS_LEAD_MS = 2000  # EventBridge Scheduler: $1.00 per million invocations, 60 s precision
 READS = {"GetItem", "Query", "Scan", "BatchGetItem", "TransactGetItems"}
 
 
@@ -78,10 +83,14 @@ def billed_usage(
 ) -> dict[str, Any]:
     """Per task: each billed unit, and the dollars per million tasks it comes to."""
     invocations = gb_seconds = gb_second_usd = 0.0
+    longer_lead_ms = int(runtime.parameters["LeadMilliseconds"]) - AWS_LEAD_MS
     for (logical_id, kind), value in runtime.usage.items():
         if kind == "invocations":
             invocations += value
         else:
+            if logical_id.endswith("ExecutorFunction"):
+                waited = runtime.usage[logical_id, "invocations"] * longer_lead_ms
+                value = max(0, value - waited)
             function = runtime.functions[logical_id]
             used = value / 1000 * function.memory_mb / 1024
             gb_seconds += used
@@ -100,6 +109,7 @@ def billed_usage(
     per_million = {unit: per_task[unit] * prices[unit] * 1e6 for unit in per_task}
     return {
         "billing": pricing.label(),
+        "priced_at_lead_ms": AWS_LEAD_MS,
         "per_task": {unit: round(value, 3) for unit, value in per_task.items()},
         # the table's and each index's (`index:<name>`), as DynamoDB Local bills them
         "write_units_per_task": {
