@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tocsin.local.stack import project_root
+from tocsin.local.stack import expand_language_extensions, project_root
 
 BARE = "BareBoto3Handler"
 BARE_SOURCE = """import boto3
@@ -103,7 +103,7 @@ def build_layer(into: Path) -> Path:
 def _template() -> dict[str, Any]:
     from samtranslator.yaml_helper import yaml_parse
 
-    return yaml_parse((project_root() / "template.yaml").read_text())
+    return expand_language_extensions(yaml_parse((project_root() / "template.yaml").read_text()))
 
 
 def function_folders() -> dict[str, Path]:
