@@ -18,7 +18,7 @@ from typing import Any
 
 from tocsin import aws
 from tocsin.batch_read import BATCH_GET_MAX, batch_read
-from tocsin.settings import Settings
+from tocsin.settings import Settings, settings
 
 # A body up to this many bytes stays on the task: with its other attributes and marks the
 # item stays within one write unit (1 KB).
@@ -44,9 +44,14 @@ class BodyStore:
         self._dynamodb = aws.resource("dynamodb")
         self._table = self._dynamodb.Table(table_name)
 
-    def put(self, body: dict[str, Any]) -> None:
-        """Write a body (again, as the same key always holds the same body)."""
-        self._table.put_item(Item=body)
+    def stored(self, item: dict[str, Any]) -> dict[str, Any]:
+        """The task's item as it is stored (`split`), its body written apart first if it is
+        large: a task is never stored without its body. Writing a body again is harmless,
+        as the same key always holds the same body."""
+        stored, body = split(item, settings())
+        if body is not None:
+            self._table.put_item(Item=body)
+        return stored
 
     def attach(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The tasks with their bodies in place: read, for those that name one apart."""

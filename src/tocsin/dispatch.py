@@ -409,7 +409,7 @@ def stop_own_execution(item: dict[str, Any], reason: str, settings: Settings) ->
     execution goes on for the rest of its batch, and its claim of this task fails anyway.
     Best effort: an execution that already finished is harmless."""
     name = item.get("execution")
-    if not name or name != Batch((due_task(item),)).execution_name:
+    if name != Batch((due_task(item),)).execution_name:  # none, or a shared execution
         return
     arn = execution_arn(settings.state_machine_arn, name)
     try:

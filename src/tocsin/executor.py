@@ -245,10 +245,10 @@ def claim_batch(
         for asked, f in zip(batch.tasks, futures, strict=True)
         if not f.exception()
     ]
-    if failed is not None:
-        _let_go(store, holder, [asked for asked, claim in claims if claim.before is not None])
-        raise failed
     won = [(asked, claim) for asked, claim in claims if claim.before is not None]
+    if failed is not None:
+        _let_go(store, holder, [asked for asked, _ in won])
+        raise failed
     try:  # the bodies kept apart, read at once (one BatchGetItem a hundred)
         items = store.whole([claim.before for _, claim in won])  # type: ignore[misc]
     except (BotoCoreError, ClientError, Busy) as fault:

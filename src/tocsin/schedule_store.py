@@ -15,7 +15,7 @@ from typing import Any
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 
 from tocsin import aws
-from tocsin.bodies import CONTENT, BodyStore, split
+from tocsin.bodies import CONTENT, BodyStore
 from tocsin.model import TaskStatus
 from tocsin.settings import settings
 
@@ -147,9 +147,7 @@ class ScheduleStore:
         The task is put new; only if one is there already does the write go again as the
         update that replaces an unclaimed task of an older revision (moto takes ten times
         as long over that update's twenty actions, and most occurrences are new)."""
-        task, body = split(task, settings())
-        if body is not None:  # before the task: no task without its body (tocsin.bodies)
-            self._bodies.put(body)
+        task = self._bodies.stored(task)  # its body first, if large (tocsin.bodies)
         move = {"Update": {"TableName": self._tables[0], **_advance(schedule, next_ms, 1, missed)}}
         put = {
             "TableName": self._tables[1],

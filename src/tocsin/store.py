@@ -14,7 +14,7 @@ from botocore.exceptions import ClientError
 
 from tocsin import aws
 from tocsin.batch_read import BATCH_GET_MAX, batch_read
-from tocsin.bodies import CONTENT, BodyStore, split
+from tocsin.bodies import CONTENT, BodyStore
 from tocsin.errors import Busy
 from tocsin.model import SUMMARY_ATTRIBUTES, TaskStatus
 from tocsin.settings import settings
@@ -68,9 +68,7 @@ class TaskStore:
     def create(self, item: dict[str, Any]) -> dict[str, Any] | None:
         """Write a new task, its body apart first if it is large (`tocsin.bodies`); if the
         id is taken, return the task already there instead."""
-        stored, body = split(item, settings())
-        if body is not None:
-            self._bodies.put(body)
+        stored = self._bodies.stored(item)
         try:
             self._table.put_item(Item=stored, ConditionExpression="attribute_not_exists(task_id)")
         except self._conditional_failed:
@@ -85,9 +83,7 @@ class TaskStore:
         """The attributes that hold a task version's body (`item` holds it whole): the body
         itself, or its key once written apart."""
         whole = {name: value for name, value in item.items() if name != "body"}  # the old key
-        stored, body = split(whole, settings())
-        if body is not None:
-            self._bodies.put(body)
+        stored = self._bodies.stored(whole)
         return {name: stored[name] for name in (*CONTENT, "body") if name in stored}
 
     def get(self, task_id: str) -> dict[str, Any] | None:
