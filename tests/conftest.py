@@ -20,6 +20,7 @@ from tocsin import clock
 from tocsin.local.http_thread import serving_in_thread
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.local.server import api_event
+from tocsin.measure import placed_long_ago
 from tocsin.measure.receiver import WebhookReceiver
 from tocsin.settings import settings
 from tocsin.store import Claim, Holder, TaskStore
@@ -135,22 +136,22 @@ def wait_for_status(task_id: str, statuses: set[str], timeout_s: float = 30) -> 
 
 
 def store_task(body: dict[str, Any], owner: str = "alice", submitted_ms: int | None = None) -> None:
-    """One PENDING task in the due index, not yet dispatched (as the finder finds it), as
+    """One PENDING task in the due index, not yet dispatched (the finder's to find), as
     submitted at `submitted_ms` (now by default; earlier for a due time now refused)."""
     submitted = clock.now_ms() if submitted_ms is None else submitted_ms
-    TaskStore(settings().tasks_table).create(new_item(body, owner, submitted, settings()))
+    item = placed_long_ago(new_item(body, owner, submitted, settings()))
+    TaskStore(settings().tasks_table).create(item)
 
 
 TEST_ATTEMPT = "attempt-1"  # the invocation a test claims as
 
 
-def claim_as(execution: str, task_id: str, check: dict[str, Any] | None = None) -> Claim:
+def claim_as(execution: str, task_id: str) -> Claim:
     """`execution` claims the task's first version as its executor would, in an invocation
-    that has a minute left; `check` the index keys it moves to (the first check shard)."""
+    that has a minute left."""
     store = TaskStore(settings().tasks_table)
     holder = Holder(execution, TEST_ATTEMPT, clock.now_ms() + 60_000)
-    keys = check or {"gsi_pk": "check-0", "gsi_due_ms": 0}
-    return store.claim(task_id, 1, holder, clock.now_ms(), keys)
+    return store.claim(task_id, 1, holder, clock.now_ms())
 
 
 def store_pending(
@@ -181,6 +182,28 @@ def hooked(client: Any, *hooks: tuple[str, Callable[..., Any]]) -> Iterator[None
     finally:
         for event, handler in hooks:
             client.meta.events.unregister(event, handler)
+
+
+def stop_until_ended(execution_arn: str) -> None:
+    """Stop an execution, again until it has ended: moto loses a stop that comes before the
+    execution's Wait has begun."""
+    sfn = boto3.client("stepfunctions")
+    deadline = time.monotonic() + 10
+    while sfn.describe_execution(executionArn=execution_arn)["status"] == "RUNNING":
+        assert time.monotonic() < deadline, "the execution would not stop"
+        sfn.stop_execution(executionArn=execution_arn)
+        time.sleep(0.2)
+
+
+def stop_executions() -> None:
+    """The executions a step started, stopped before they wake: no executor call of theirs
+    lands in the next function's record."""
+    sfn = boto3.client("stepfunctions")
+    for machine in sfn.list_state_machines()["stateMachines"]:
+        listed = sfn.list_executions(stateMachineArn=machine["stateMachineArn"])
+        for execution in listed["executions"]:
+            if execution["status"] == "RUNNING":
+                sfn.stop_execution(executionArn=execution["executionArn"])
 
 
 def dead_letters(runtime) -> list[dict]:

@@ -239,7 +239,7 @@ def _add_task_commands(commands: Any) -> None:
     get.set_defaults(run=_api_command, call=lambda client, args: client.get(args.task_id))
 
     listing = commands.add_parser("list", parents=[common], help="list your tasks")
-    listing.add_argument("--status", help="PENDING, SCHEDULED, RUNNING, SUCCEEDED, ...")
+    listing.add_argument("--status", help="PENDING, RUNNING, SUCCEEDED, FAILED or CANCELLED")
     listing.add_argument("--schedule", help="only this schedule's occurrences")
     listing.add_argument("--due-before", help="ISO-8601 time")
     listing.add_argument("--due-after", help="ISO-8601 time")

@@ -1,23 +1,19 @@
-"""Start, then mark: how due tasks get their Step Functions execution, one per batch.
+"""How due tasks get their Step Functions execution, one per batch.
 
 Due tasks are packed into batches (see `pack`); each batch is one execution, whose input
-carries ids, versions and due milliseconds only, never a payload.
-
-1. StartExecution with the batch's deterministic name: a second start of the same name is
-   refused (`ExecutionAlreadyExists`) or answered with the same execution.
-2. Conditionally mark each task SCHEDULED and drop it from the due index (the marks of a
-   finder run trail its starts, so a slow write never holds back the next start).
-
-A crash between the two leaves the tasks PENDING in the index; the next finder run starts
-them again, maybe packed differently. The executor's claim accepts PENDING too and only
-one execution wins it: the claim decides which execution fires a task, not the name.
+carries ids, versions and due milliseconds only, never a payload. StartExecution takes
+the batch's deterministic name: a second start of the same name is refused
+(`ExecutionAlreadyExists`) or answered with the same execution. Nothing is written to the
+task: who started it is known from where it sits (`tocsin.index_keys`), and a task
+started twice, packed differently by two runs, still fires once, for the executor's claim
+decides which execution fires a task, not the name.
 """
 
 import hashlib
 import json
 import time
 from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -25,7 +21,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from tocsin import aws, clock
-from tocsin.index_keys import check_index_keys
+from tocsin.index_keys import INDEX_LAG_MS, check_keys, writers_own
 from tocsin.model import TaskType
 from tocsin.observability import logger
 from tocsin.settings import Settings
@@ -228,7 +224,7 @@ def execution_arn(state_machine_arn: str, name: str) -> str:
 
 
 def execution_name(arn: str) -> str:
-    """An execution's name, what a task records of it (its ARN adds 100 bytes to each
+    """An execution's name, what a claim records of it (its ARN adds 100 bytes to each
     write of the item; the state machine's is in the settings)."""
     return arn.rsplit(":", 1)[1]
 
@@ -293,6 +289,9 @@ def renamed(store: TaskStore, batch: Batch) -> Batch:
     )
 
 
+STARTED = (Outcome.STARTED, Outcome.ALREADY_STARTED, Outcome.RENAMED)  # a batch's execution runs
+
+
 @dataclass(frozen=True)
 class DispatchReport:
     """What a finder run did, counted in tasks (a batch's outcome counts for each member)."""
@@ -300,13 +299,12 @@ class DispatchReport:
     found: int
     outcomes: Counter[Outcome]
     executions: int = 0  # executions started (or found started)
+    left: tuple[DueTask, ...] = ()  # not started: throttled, refused or deferred
 
     @property
     def backlog(self) -> int:
         """Tasks left PENDING for the next run."""
-        going = (Outcome.STARTED, Outcome.ALREADY_STARTED, Outcome.RENAMED)
-        done = sum(self.outcomes[outcome] for outcome in going)
-        return self.found - done
+        return self.found - sum(self.outcomes[outcome] for outcome in STARTED)
 
     def as_dict(self) -> dict[str, int]:
         counts = {o.value: self.outcomes[o] for o in Outcome if o is not Outcome.CLOSED}
@@ -320,50 +318,34 @@ class DispatchReport:
 
 def dispatch_all(tasks: list[DueTask], settings: Settings, deadline: float) -> DispatchReport:
     """Pack, then dispatch earliest first, in parallel, until `deadline` (a time.monotonic()
-    value); batches due together wake staggered.
-
-    Marks trail the starts in a pool of their own: a start waits for StartExecution's
-    quota, never for the write before it. The run ends when every mark is written.
-    """
+    value); batches due together wake staggered."""
     store = TaskStore(settings.tasks_table)
     batches = pack(tasks, settings.batch_window_ms, settings.batch_size)
     stagger = staggers(batches, settings, clock.now_ms())
-    marks: list[Future[Any]] = []
 
-    with (
-        ThreadPoolExecutor(max_workers=settings.dispatch_workers) as marking,
-        ThreadPoolExecutor(max_workers=settings.dispatch_workers) as starting,
-    ):
-
-        def one(batch: Batch) -> Outcome:
-            if time.monotonic() >= deadline:
-                return Outcome.DEFERRED
-            stagger_s = stagger[batch]
+    def one(batch: Batch) -> Outcome:
+        if time.monotonic() >= deadline:
+            return Outcome.DEFERRED
+        stagger_s = stagger[batch]
+        outcome, arn = start(batch, settings, stagger_s)
+        if outcome is Outcome.CLOSED:
+            batch = renamed(store, batch)
+            if not batch.tasks:  # none still PENDING: what changed them settles them
+                return Outcome.ALREADY_STARTED
             outcome, arn = start(batch, settings, stagger_s)
-            if outcome is Outcome.CLOSED:
-                batch = renamed(store, batch)
-                if not batch.tasks:  # none still PENDING: what changed them settles them
-                    return Outcome.ALREADY_STARTED
-                outcome, arn = start(batch, settings, stagger_s)
-                outcome = Outcome.RENAMED if arn is not None else outcome
-            if arn is not None:
-                for task in batch.tasks:
-                    check = check_index_keys(task.task_id, task.due_ms, settings)
-                    name = batch.execution_name
-                    mark = marking.submit(
-                        store.mark_scheduled, task.task_id, task.version, name, check
-                    )
-                    marks.append(mark)
-            return outcome
+            outcome = Outcome.RENAMED if arn is not None else outcome
+        return outcome
 
+    with ThreadPoolExecutor(max_workers=settings.dispatch_workers) as starting:
         outcomes = list(starting.map(one, batches))
-    for mark in marks:
-        mark.result()  # a mark that failed fails the run, like a crash: its task stays PENDING
     counted: Counter[Outcome] = Counter()
+    left: list[DueTask] = []
     for batch, outcome in zip(batches, outcomes, strict=True):
         counted[outcome] += len(batch.tasks)
+        if outcome not in STARTED:
+            left += batch.tasks
     started = sum(o in (Outcome.STARTED, Outcome.ALREADY_STARTED) for o in outcomes)
-    return DispatchReport(found=len(tasks), outcomes=counted, executions=started)
+    return DispatchReport(len(tasks), counted, started, tuple(left))
 
 
 def due_task(item: dict[str, Any]) -> DueTask:
@@ -377,42 +359,52 @@ def due_task(item: dict[str, Any]) -> DueTask:
     )
 
 
-def due_soon(item: dict[str, Any], settings: Settings) -> bool:
-    """Whether a just-written PENDING task is due before the finder's next run would see it
-    (within its look-ahead): then its writer starts it."""
-    return due_task(item).due_ms <= clock.now_ms() + settings.lookahead_s * 1000
+def writer_starts(item: dict[str, Any], settings: Settings) -> bool:
+    """Whether a just-placed PENDING task is its writer's to start (`index_keys.writers_own`)."""
+    return writers_own(int(item["due_ms"]), int(item["placed_ms"]), settings)
+
+
+def maybe_started(item: dict[str, Any], settings: Settings) -> bool:
+    """Whether a task could have an execution already: due within the look-ahead (and the
+    index's lag) of now, where its writer or the finder starts it."""
+    horizon = clock.now_ms() + settings.lookahead_s * 1000 + INDEX_LAG_MS
+    return due_task(item).due_ms <= horizon
 
 
 def dispatch_if_due_soon(
     item: dict[str, Any], settings: Settings, store: TaskStore
 ) -> dict[str, Any]:
-    """Dispatch a just-written PENDING task now if the finder would miss it; the stored task.
+    """Start a just-placed PENDING task now if it is its writer's to start (due before the
+    finder's next run would see it: `index_keys.writers_own`), as a batch of its own; the
+    task, as stored.
 
-    The finder only sees tasks due within its look-ahead at its next run: a task due sooner
-    than that is started here, by the request that wrote it, as a batch of its own.
-    """
+    A start that fails puts the task in a check shard, where the reconciler's next look
+    starts it."""
     task = due_task(item)
-    if not due_soon(item, settings):
+    if not writer_starts(item, settings):
         return item
     _, arn = start(Batch((task,)), settings)
     if arn is None:
-        return item
-    # Marked, the task as it now is; not marked, its execution (or a cancel) got there first.
-    check = check_index_keys(task.task_id, task.due_ms, settings)
-    name = execution_name(arn)
-    marked = store.mark_scheduled(task.task_id, task.version, name, check, "ALL_NEW")
-    return marked or store.get(task.task_id) or item
+        look_again_now((task,), settings)
+    return item
+
+
+def look_again_now(tasks: tuple[DueTask, ...], settings: Settings) -> None:
+    """Put tasks their writer could not start in a check shard, for the reconciler's next
+    look to start (the finder does not read what is not its own)."""
+    store, now = TaskStore(settings.tasks_table), clock.now_ms()
+    for task in tasks:
+        store.look_again(task.task_id, task.version, check_keys(task.task_id, now, settings))
 
 
 def stop_own_execution(item: dict[str, Any], reason: str, settings: Settings) -> None:
-    """Stop the execution of a task that changed, if the task has one of its own; a shared
-    execution goes on for the rest of its batch, and its claim of this task fails anyway.
-    Best effort: an execution that already finished is harmless."""
-    name = item.get("execution")
-    if name != Batch((due_task(item),)).execution_name:  # none, or a shared execution
+    """Stop the execution of a task that changed, if the task may have one of its own; a
+    shared execution goes on for the rest of its batch, and its claim of this task fails
+    anyway. Best effort: an execution that never started or already finished is harmless."""
+    if not maybe_started(item, settings):
         return
-    arn = execution_arn(settings.state_machine_arn, name)
+    arn = execution_arn(settings.state_machine_arn, Batch((due_task(item),)).execution_name)
     try:
         _sfn().stop_execution(executionArn=arn, cause=reason)
-    except Exception as error:  # already finished, or the service is busy: harmless
+    except Exception as error:  # none, already finished, or the service is busy: harmless
         logger.info("stop skipped", execution=arn, error=aws.error_code(error))

@@ -36,7 +36,7 @@ from tocsin import aws, clock, gate
 from tocsin.dead_letter import send_letter
 from tocsin.dispatch import execution_name
 from tocsin.errors import Busy, PermanentTargetError, TransientTargetError
-from tocsin.index_keys import check_index_keys, owed_letter_keys
+from tocsin.index_keys import owed_letter_keys
 from tocsin.model import (
     DEFAULT_MAX_ATTEMPTS,
     TASK_ID_PATTERN,
@@ -227,14 +227,13 @@ def claim_batch(
     """Claim every task of the batch at once: the ones this invocation holds now, and the
     ids a live invocation of this execution holds (`DeliveryInProgress`). If a claim cannot
     be written, the tasks claimed are let go before `TableUnavailable` is raised."""
-    config = settings()
+    settings()
 
     def claim(asked: BatchTask) -> Claim:
-        check = check_index_keys(asked.task_id, asked.due_ms, config)
         return written(
             asked.task_id,
             deadline_ms,
-            lambda: store.claim(asked.task_id, asked.version, holder, clock.now_ms(), check),
+            lambda: store.claim(asked.task_id, asked.version, holder, clock.now_ms()),
         )
 
     with ThreadPoolExecutor(max_workers=min(CLAIM_WORKERS, len(batch.tasks))) as pool:

@@ -1,30 +1,40 @@
-"""The coarse poll: settle tasks stuck in flight, turn schedules' occurrences due within the
-look-ahead into tasks, then find PENDING tasks due within the look-ahead and dispatch them.
+"""The coarse poll: look at tasks not settled in time, turn schedules' occurrences due
+within the look-ahead into tasks, then start what is due within the look-ahead.
 
-The due index is sparse (only PENDING tasks are in its due shards; tasks in flight, and
-FAILED ones owing a dead letter, are in its check shards) and sharded, so a run reads
-what is due, never the whole table; overdue tasks are found too, so none is stranded.
+The due index is sharded and holds every task at its due time (`tocsin.index_keys`); the
+finder reads only what lies past its horizon (the due time up to which it has started
+everything), so each entry is read once, and a run reads what is due, never the table.
 """
 
 import heapq
 import time
+from collections.abc import Iterator
 
 from tocsin import clock
-from tocsin.dispatch import DueTask, dispatch_all, due_task
-from tocsin.occurrences import materialize_due
+from tocsin.dispatch import DueTask, dispatch_all, due_task, look_again_now
+from tocsin.index_keys import LOOK_AFTER_MS, writers_own
+from tocsin.occurrences import made_tasks, materialize_due
 from tocsin.reconcile import ReconcileReport, reconcile
 from tocsin.settings import Settings
 from tocsin.store import TaskStore
 
+HORIZON = "finder_ms"  # every task due up to it is started, or is its writer's to start
+# Where a finder with no horizon yet (a new stack) starts reading: the reconciler looks at
+# anything due earlier.
+FIRST_LOOK_BACK_MS = LOOK_AFTER_MS
 
-def find_due(settings: Settings, until_ms: int) -> list[DueTask]:
-    """Every shard's due tasks, merged earliest first."""
+
+def find_due(settings: Settings, after_ms: int, until_ms: int) -> list[DueTask]:
+    """Every shard's tasks due after `after_ms` up to `until_ms` that are the finder's to
+    start (not their writers'), merged earliest first."""
     store = TaskStore(settings.tasks_table)
-    shards = [
-        (due_task(item) for item in store.in_shard(str(shard), until_ms))
-        for shard in range(settings.shards)
-    ]
-    return list(heapq.merge(*shards))
+
+    def finders(shard: int) -> Iterator[DueTask]:
+        for entry in store.in_shard(str(shard), until_ms, after_ms):
+            if not writers_own(int(entry["gsi_due_ms"]), int(entry.get("placed_ms", 0)), settings):
+                yield due_task(entry)
+
+    return list(heapq.merge(*(finders(shard) for shard in range(settings.shards))))
 
 
 # Of a run's budget, the most the reconciler may take: dispatch, which is what keeps tasks
@@ -34,17 +44,29 @@ RECONCILE_SHARE = 0.25
 
 def settle_stuck(settings: Settings, budget_s: float) -> ReconcileReport:
     """The reconciler's step, within its share of the run (a fault that stops it, such as a
-    refused read of a check shard, ends its step, not the run)."""
+    refused read of a shard, ends its step, not the run)."""
     return reconcile(settings, clock.now_ms(), time.monotonic() + budget_s * RECONCILE_SHARE)
 
 
 def run_finder(settings: Settings, budget_s: float) -> dict[str, int]:
-    """One finder run: tasks stuck in flight settled (those requeued are due at once),
-    schedules' occurrences made tasks, then what is due by now + look-ahead, dispatched
-    within `budget_s`; what each did."""
+    """One finder run: tasks not settled in time looked at, schedules' occurrences made
+    tasks and started, then what is due by now + look-ahead past the horizon, started
+    within `budget_s`; what each did.
+
+    The horizon moves up to the first task not started (throttled, or the budget ran
+    out), which the next run reads again; an occurrence not started goes to a check
+    shard, since it is not the finder's to find (its maker was its writer)."""
     deadline = time.monotonic() + budget_s
     reconciled = settle_stuck(settings, budget_s)
-    scheduled = materialize_due(settings, clock.now_ms())
-    due = find_due(settings, clock.now_ms() + settings.lookahead_s * 1000)
-    dispatched = dispatch_all(due, settings, deadline).as_dict()
-    return {**dispatched, **reconciled.as_dict(), **scheduled}
+    store = TaskStore(settings.tasks_table)
+    now = clock.now_ms()
+    made_ids, scheduled = materialize_due(settings, now)
+    made = made_tasks(made_ids, settings)
+    until = now + settings.lookahead_s * 1000
+    horizon = store.horizon(HORIZON)
+    found = find_due(settings, now - FIRST_LOOK_BACK_MS if horizon is None else horizon, until)
+    report = dispatch_all(sorted({*found, *made}), settings, deadline)
+    look_again_now(tuple(set(report.left) & set(made)), settings)
+    left = set(report.left) & set(found)
+    store.advance_horizon(HORIZON, min((t.due_ms - 1 for t in left), default=until))
+    return {**report.as_dict(), **reconciled.as_dict(), **scheduled}

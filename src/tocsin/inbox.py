@@ -9,7 +9,7 @@ queue with its error, so the rest of its batch is scheduled; a failure that may 
 The tasks of a batch that are due within the look-ahead are started together once the
 batch is stored, packed as the finder packs (one execution per type and window), not one
 execution each: an event-driven producer's burst then costs what the finder's would. A
-start that fails leaves its tasks PENDING, for the finder.
+task whose start fails goes to a check shard, where the reconciler's next look starts it.
 """
 
 import json
@@ -27,7 +27,7 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from botocore.exceptions import BotoCoreError, ClientError
 
 from tocsin import aws, clock
-from tocsin.dispatch import dispatch_all, due_soon, due_task
+from tocsin.dispatch import dispatch_all, due_task, look_again_now, writer_starts
 from tocsin.errors import InvalidTask, TaskError
 from tocsin.model import owner_id
 from tocsin.observability import logger
@@ -97,7 +97,7 @@ def submit_batch(event: dict[str, Any], context: Any) -> dict[str, Any]:
             _reject(record, error)
             return
         logger.info("submitted", task_id=submitted.task["id"], new=submitted.created)
-        if submitted.item is not None and due_soon(submitted.item, config):
+        if submitted.item is not None and writer_starts(submitted.item, config):
             stored_due.append(due_task(submitted.item))
 
     reply = process_partial_response(event, submit_record, processor, context)
@@ -105,8 +105,11 @@ def submit_batch(event: dict[str, Any], context: Any) -> dict[str, Any]:
         left_s = context.get_remaining_time_in_millis() / 1000 - DISPATCH_MARGIN_S
         try:
             report = dispatch_all(stored_due, config, time.monotonic() + max(1.0, left_s))
-        except (BotoCoreError, ClientError) as fault:  # stored: the finder starts them
+        except (BotoCoreError, ClientError) as fault:
             logger.warning("batch not dispatched", tasks=len(stored_due), fault=repr(fault))
+            left = tuple(stored_due)
         else:
             logger.info("dispatched", **report.as_dict())
+            left = report.left
+        look_again_now(left, config)  # for the reconciler's next look to start
     return reply

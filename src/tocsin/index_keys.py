@@ -1,11 +1,17 @@
 """Where a task sits in the dispatch index (`DispatchIndex`, sparse, sharded).
 
-A PENDING task is in a due shard (`"0"` … `"S-1"`) at its due time: the finder starts it.
-A task in flight (SCHEDULED or RUNNING) is in a check shard (`"check-0"` …) at the time
-its execution must have settled it by: the reconciler looks at it then. A FAILED task
-stays in a check shard until its dead letter is known sent (`LETTER_GRACE_MS` after it
-failed, the reconciler sends the letter its failer did not). A task with an end
-(SUCCEEDED, FAILED with its letter sent, CANCELLED) is in no shard.
+A task is put in a due shard (`"0"` … `"S-1"`) at its due time and stays there: its
+claim and its final mark do not touch the entry (each move of an entry is two index
+writes), and TTL deletes it with the task. Who starts it depends on when it was placed
+there (`placed_ms`): a task due within the look-ahead of that moment is started by its
+writer (`writers_own`); every other one by the finder, which reads only the entries past
+its horizon (`tocsin.finder`). The reconciler reads each entry once more,
+`LOOK_AFTER_MS` past its due time, and looks closer at a task not yet settled by then.
+
+A check shard (`"check-0"` …) holds the few tasks that need another look at a given
+time: one whose start failed, one the reconciler started or found still running, a
+FAILED one until its dead letter is known sent. The reconciler reads the check shards
+whole, up to now, and takes out each entry whose task has settled.
 """
 
 import hashlib
@@ -13,10 +19,12 @@ from typing import Any
 
 from tocsin.settings import Settings
 
-# The longest an execution may still be working on a task after its due time: Fire's four
-# attempts of up to 150 s each with their backoff, or three waits for a delivery still in
-# progress (30 + 60 + 120 s) after the first attempt (see statemachines/task.asl.json).
-SETTLE_AFTER_MS = 15 * 60 * 1000
+# How long after its due time the reconciler looks at a task: one still PENDING then was
+# missed (its writer died before the start, say), one still RUNNING may be stuck.
+LOOK_AFTER_MS = 2 * 60 * 1000
+# How long a put may take to appear in the index (a global secondary index is eventually
+# consistent, usually within a second): a writer starts what the finder might not see.
+INDEX_LAG_MS = 10 * 1000
 # How long a task's failer has to send its dead letter, after the FAILED mark, before the
 # reconciler sends it instead: the failer sends at once, so only a crash or an SQS
 # outage leaves a letter owed this long.
@@ -28,22 +36,31 @@ def shard_of(task_id: str, shards: int) -> int:
     return int.from_bytes(hashlib.sha256(task_id.encode()).digest()[:4], "big") % shards
 
 
-def due_index_keys(task_id: str, due_ms: int, config: Settings) -> dict[str, Any]:
-    """The keys that put a PENDING task in the finder's due shards."""
-    return {"gsi_pk": str(shard_of(task_id, config.shards)), "gsi_due_ms": due_ms}
+def due_index_keys(task_id: str, due_ms: int, config: Settings, now_ms: int) -> dict[str, Any]:
+    """The keys that put a task in the due shards, placed now."""
+    return {
+        "gsi_pk": str(shard_of(task_id, config.shards)),
+        "gsi_due_ms": due_ms,
+        "placed_ms": now_ms,
+    }
+
+
+def writers_own(due_ms: int, placed_ms: int, config: Settings) -> bool:
+    """Whether the writer that placed a task at its due time starts it, not the finder: it
+    is due before the finder's next run could see it (within the look-ahead, and the
+    index's lag, of its placing)."""
+    return due_ms <= placed_ms + config.lookahead_s * 1000 + INDEX_LAG_MS
 
 
 def check_shard(shard: int) -> str:
     return f"check-{shard}"
 
 
-def check_index_keys(task_id: str, due_ms: int, config: Settings) -> dict[str, Any]:
-    """The keys that put a task in flight in the reconciler's check shards."""
-    shard = check_shard(shard_of(task_id, config.shards))
-    return {"gsi_pk": shard, "gsi_due_ms": due_ms + SETTLE_AFTER_MS}
+def check_keys(task_id: str, look_ms: int, config: Settings) -> dict[str, Any]:
+    """The keys that put a task in the check shards, to be looked at by `look_ms`."""
+    return {"gsi_pk": check_shard(shard_of(task_id, config.shards)), "gsi_due_ms": look_ms}
 
 
 def owed_letter_keys(task_id: str, failed_ms: int, config: Settings) -> dict[str, Any]:
     """The keys that keep a FAILED task in the check shards until its dead letter is sent."""
-    shard = check_shard(shard_of(task_id, config.shards))
-    return {"gsi_pk": shard, "gsi_due_ms": failed_ms + LETTER_GRACE_MS}
+    return check_keys(task_id, failed_ms + LETTER_GRACE_MS, config)

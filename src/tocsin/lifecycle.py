@@ -2,7 +2,7 @@
 
 Every operation is scoped to the caller: a task of another owner is reported as not found.
 Cancel and reschedule are conditional writes that succeed only while the task is unclaimed
-(PENDING or SCHEDULED), so racing the executor's claim gives exactly one winner.
+(PENDING), so racing the executor's claim gives exactly one winner.
 """
 
 import base64
@@ -168,7 +168,7 @@ def reschedule_task(task_id: str, body: Any, owner: str, config: Settings) -> di
     if "payload" in change.model_fields_set:
         changes["payload"] = payload_json(change.payload)
     due_ms = changes.get("due_ms", int(current["due_ms"]))
-    changes |= due_index_keys(task_id, due_ms, config)
+    changes |= due_index_keys(task_id, due_ms, config, now)
     version = int(current["version"])
     [whole] = store.whole([current])
     # the next version's body, written apart again if large: its key, and its time to live

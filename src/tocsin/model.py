@@ -15,14 +15,10 @@ MAX_ATTEMPTS_LIMIT = 5  # the executor's backoffs (executor.BACKOFF_S) allow thi
 
 class TaskStatus(StrEnum):
     PENDING = "PENDING"
-    SCHEDULED = "SCHEDULED"
     RUNNING = "RUNNING"
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
-
-
-CHANGEABLE = (TaskStatus.PENDING, TaskStatus.SCHEDULED)  # not yet claimed: cancel or reschedule
 
 
 class TaskType(StrEnum):

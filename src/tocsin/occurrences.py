@@ -14,12 +14,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tocsin import clock
-from tocsin.dispatch import stop_own_execution
-from tocsin.model import TaskType
+from tocsin.dispatch import DueTask, due_task, stop_own_execution
+from tocsin.model import TaskStatus, TaskType
 from tocsin.observability import logger
 from tocsin.recurrence import Occurrences, parse
 from tocsin.schedule_store import ScheduleState, ScheduleStore, Turned
 from tocsin.settings import Settings
+from tocsin.store import TaskStore
 from tocsin.submit import task_item
 
 MISSED_AFTER_MS = 1000  # an occurrence this far in the past when reached was missed
@@ -166,9 +167,23 @@ def cancel_leftovers(
     return cancelled
 
 
-def materialize_due(config: Settings, now_ms: int) -> dict[str, int]:
+def made_tasks(task_ids: list[str], config: Settings) -> list[DueTask]:
+    """Occurrences just made into tasks, as the dispatcher sees them: read back, since one
+    that replaced an older revision's task is its next version. Their maker starts them
+    (they are due within the look-ahead of their placing: `index_keys.writers_own`)."""
+    store = TaskStore(config.tasks_table)
+    items = [store.get(task_id) for task_id in task_ids]
+    return [
+        due_task(item)
+        for item in items
+        if item is not None and item["status"] == TaskStatus.PENDING.value
+    ]
+
+
+def materialize_due(config: Settings, now_ms: int) -> tuple[list[str], dict[str, int]]:
     """The finder's step: every ENABLED schedule with an occurrence within the look-ahead
-    turns it into tasks (each schedule on its own thread); what was done.
+    turns it into tasks (each schedule on its own thread); the tasks' ids, and what was
+    done.
 
     A schedule that fails (its writes refused after botocore's retries) is logged and
     counted, and taken up again by the next run: it holds back neither the other
@@ -177,17 +192,18 @@ def materialize_due(config: Settings, now_ms: int) -> dict[str, int]:
     until = now_ms + config.lookahead_s * 1000
     ids = [sid for shard in range(config.shards) for sid in store.due(str(shard), until)]
 
-    def one(schedule_id: str) -> int | None:
+    def one(schedule_id: str) -> list[str] | None:
         try:
-            return len(materialize(store, store.get(schedule_id), config, now_ms, until))
+            return materialize(store, store.get(schedule_id), config, now_ms, until)
         except Exception:
             logger.exception("schedule not turned", schedule_id=schedule_id)
             return None
 
     with ThreadPoolExecutor(max_workers=config.dispatch_workers) as pool:
         made = list(pool.map(one, ids))
-    return {
+    written = [task_id for task_ids in made if task_ids is not None for task_id in task_ids]
+    return written, {
         "schedules_due": len(ids),
-        "occurrences_made": sum(n for n in made if n is not None),
+        "occurrences_made": len(written),
         "schedule_errors": made.count(None),
     }

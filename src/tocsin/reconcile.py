@@ -1,32 +1,40 @@
-"""The reconciler: no task stays SCHEDULED or RUNNING for good.
+"""The reconciler: no task stays unstarted, or in flight, for good.
 
-A task in flight sits in a check shard of the dispatch index at the time its execution
-must have settled it by (`index_keys.SETTLE_AFTER_MS` after its due time). Each finder
-run looks at the ones past that time and at their execution:
+Each finder run it reads, within its share of the run:
 
-* still running (a long retry): look again later;
-* ended without settling the task (its invocation crashed or timed out for good and the
-  batch went to the DLQ, a finder died between start and mark and no run came back, the
-  embedded runtime restarted): the task goes back to PENDING at the same version, its
-  `requeues` counted, which gives its next execution a name not yet taken. The version
-  and so the idempotency key stay: if the lost execution had sent it, the idempotency
-  record answers instead of a second send;
-* after MAX_REQUEUES such ends: FAILED, with a dead letter of its own.
+* the due shards' entries due past its horizon up to `index_keys.LOOK_AFTER_MS` ago,
+  each task's status read at once (BatchGetItem, at $0.125 a million reads where moving
+  an entry was two writes at $0.625): a task settled by then needs nothing, the others a
+  closer look. Its horizon then moves up to the first entry it could not finish;
+* the check shards' entries up to now: the few tasks put there for a look at that time.
 
-It also sends the dead letters that FAILED tasks still owe past their grace (their failer
-died or met an SQS outage between the mark and the send: see `tocsin.dead_letter`). Once
-SQS refuses one, the run sends no more (each refusal costs botocore's retries, out of the
-run's time to dispatch), and that letter is tried again `CHECK_AGAIN_MS` later; the rest
-wait for the next run. `letters_owed` in the finder's report counts what is left owed.
+A closer look, at the task as it is now (read consistently):
+
+* PENDING: nobody started it (its writer died before the start, or a start failed):
+  started now, late, as a batch of its own, and put in a check shard for a look once that
+  execution should have settled it;
+* RUNNING, its execution still running (a long retry): looked at again later;
+* RUNNING, its execution ended without settling it (its invocation crashed or timed out
+  for good and the batch went to the DLQ, the embedded runtime restarted): requeued,
+  PENDING again at the same version with its `requeues` counted (which gives its next
+  execution a name not yet taken), and started as above. A send the lost execution made
+  but could not mark is in the sent log, and is not sent again;
+* after MAX_REQUEUES such ends: FAILED, with a dead letter of its own;
+* FAILED, in a check shard: the dead letter it still owes past its grace (its failer died
+  or met an SQS outage between the mark and the send: see `tocsin.dead_letter`). Once SQS
+  refuses one, the run sends no more (each refusal costs botocore's retries, out of the
+  run's time to dispatch), and that letter is tried again `CHECK_AGAIN_MS` later;
+* settled, in a check shard: taken out.
 
 The finder dispatches after it, so the reconciler keeps to a deadline and to itself: a
-task whose settling meets a fault (a throttled DescribeExecution, a refused write) is
-counted and left in its check shard for the next run, what the deadline leaves unread
-waits there too, and each execution is described once a run, however many of its
-batch's tasks it left stuck.
+task whose look meets a fault (a throttled DescribeExecution, a refused write) is counted
+and left for the next run, what the deadline leaves unread waits too, and each execution
+is described once a run, however many of its batch's tasks it left stuck.
 """
 
+import heapq
 import json
+import math
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -37,9 +45,10 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from tocsin import aws, clock
+from tocsin.batch_read import BATCH_GET_MAX
 from tocsin.dead_letter import send_letter
-from tocsin.dispatch import execution_arn
-from tocsin.index_keys import check_shard, due_index_keys, owed_letter_keys
+from tocsin.dispatch import dispatch_all, due_task, execution_arn
+from tocsin.index_keys import LOOK_AFTER_MS, check_keys, check_shard, owed_letter_keys
 from tocsin.model import TaskStatus
 from tocsin.observability import logger
 from tocsin.settings import Settings
@@ -47,9 +56,14 @@ from tocsin.store import TaskStore
 
 MAX_REQUEUES = 3
 CHECK_AGAIN_MS = 5 * 60 * 1000
+HORIZON = "looked_ms"  # every task due up to it has had its look
+# Where a reconciler with no horizon yet (a new stack) starts reading.
+FIRST_LOOK_BACK_MS = 60 * 60 * 1000
+SETTLED = (TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED)
 
 
 class Reconciled(StrEnum):
+    STARTED_LATE = "started_late"  # found PENDING past its due time: nobody had started it
     REQUEUED = "requeued"
     FAILED = "failed_stuck"
     STILL_RUNNING = "still_running"
@@ -66,9 +80,11 @@ class ReconcileReport:
     cut_short: bool = False  # the deadline came first: the rest waits for the next run
 
     def as_dict(self) -> dict[str, int]:
-        stuck = sum(self.outcomes[o] for o in (Reconciled.REQUEUED, Reconciled.FAILED))
+        late = (Reconciled.STARTED_LATE, Reconciled.REQUEUED, Reconciled.FAILED)
+        stuck = sum(self.outcomes[o] for o in late)
         return {
             "stuck": stuck,
+            Reconciled.STARTED_LATE.value: self.outcomes[Reconciled.STARTED_LATE],
             Reconciled.REQUEUED.value: self.outcomes[Reconciled.REQUEUED],
             Reconciled.FAILED.value: self.outcomes[Reconciled.FAILED],
             "letters_sent": self.outcomes[Reconciled.LETTER_SENT],
@@ -126,10 +142,26 @@ def _described(execution_arn: str) -> bool | Exception:
 
 @dataclass
 class RunState:
-    """What one reconciler run learns as it goes."""
+    """What one reconciler run learns as it goes, and when it must end."""
 
     executions: Executions = field(default_factory=Executions)
     letters: Letters = field(default_factory=Letters)
+    deadline: float = math.inf  # a time.monotonic() value
+
+    def out_of_time(self) -> bool:
+        return time.monotonic() >= self.deadline
+
+
+def _start_late(
+    store: TaskStore, item: dict[str, Any], config: Settings, now_ms: int, run: RunState
+) -> Reconciled:
+    """Start a PENDING task nobody started, after putting it in a check shard for a look
+    once its execution should have settled it (or, if the start fails, at that time)."""
+    task = due_task(item)
+    look = check_keys(task.task_id, max(task.due_ms, now_ms) + LOOK_AFTER_MS, config)
+    store.look_again(task.task_id, task.version, look)
+    started = not dispatch_all([task], config, run.deadline).left
+    return Reconciled.STARTED_LATE if started else Reconciled.FAULT
 
 
 def _settle(
@@ -142,13 +174,16 @@ def _settle(
     task_id, version = item["task_id"], int(item["version"])
     execution = _held_by(item, config)
     if execution and run.executions.running(execution):
-        store.check_later(task_id, version, now_ms + CHECK_AGAIN_MS)
+        store.look_again(task_id, version, check_keys(task_id, now_ms + CHECK_AGAIN_MS, config))
         return Reconciled.STILL_RUNNING
     requeues = int(item.get("requeues", 0))
     if requeues < MAX_REQUEUES:
-        keys = due_index_keys(task_id, int(item["due_ms"]), config)
-        requeued = store.requeue(task_id, version, requeues, keys, clock.to_iso(now_ms))
-        return Reconciled.REQUEUED if requeued else Reconciled.CHANGED
+        look = check_keys(task_id, max(int(item["due_ms"]), now_ms) + LOOK_AFTER_MS, config)
+        requeued = store.requeue(task_id, version, requeues, look, clock.to_iso(now_ms))
+        if requeued is None:
+            return Reconciled.CHANGED
+        dispatch_all([due_task(requeued)], config, run.deadline)  # else started at its look
+        return Reconciled.REQUEUED
     error = {
         "Error": "TaskStuck",
         "Cause": f"{requeues + 1} executions ended without settling it (last: {execution})",
@@ -169,7 +204,7 @@ def _settle(
 
 
 def _held_by(item: dict[str, Any], config: Settings) -> str | None:
-    """The ARN of the execution a task in flight names: its claim's, else its mark's."""
+    """The ARN of the execution a task in flight names (its claim's)."""
     name = item.get("execution")
     return execution_arn(config.state_machine_arn, name) if name else None
 
@@ -180,26 +215,83 @@ def _send_owed_letter(
     execution = _held_by(item, config) or ""
     if letters.send(store, item, execution, json.loads(item["error"])):
         return Reconciled.LETTER_SENT
-    store.check_later(item["task_id"], int(item["version"]), now_ms + CHECK_AGAIN_MS)
+    task_id = item["task_id"]
+    store.look_again(
+        task_id, int(item["version"]), check_keys(task_id, now_ms + CHECK_AGAIN_MS, config)
+    )
     return Reconciled.LETTER_OWED
 
 
 def reconcile(config: Settings, until_ms: int, deadline: float | None = None) -> ReconcileReport:
-    """Settle every task in flight whose check time is at or before `until_ms`, and send
-    the dead letters owed by then; until `deadline` (a time.monotonic() value), if given."""
+    """Look at every task in a check shard to look at by `until_ms`, and at every one due
+    past the horizon up to LOOK_AFTER_MS before `until_ms`; until `deadline` (a
+    time.monotonic() value), if given."""
     store, now_ms, report = TaskStore(config.tasks_table), clock.now_ms(), ReconcileReport()
-    run = RunState()
+    run = RunState(deadline=math.inf if deadline is None else deadline)
     try:
-        for entry in _due_for_a_look(store, config, until_ms):
-            if deadline is not None and time.monotonic() >= deadline:
-                report.cut_short = True
-                logger.warning("reconciler out of time: the rest waits for the next run")
-                break
+        if run.out_of_time():
+            _cut_short(report)
+            return report
+        for entry in _check_entries(store, config, until_ms):
+            if run.out_of_time():
+                _cut_short(report)
+                return report
             _settle_entry(store, entry, config, now_ms, run, report)
-    except (BotoCoreError, ClientError) as fault:  # a check shard's read refused
+        horizon, band_end = store.horizon(HORIZON), until_ms - LOOK_AFTER_MS
+        after = band_end - FIRST_LOOK_BACK_MS if horizon is None else horizon
+        looked = _look_at_due(store, config, (after, band_end), now_ms, run, report)
+        store.advance_horizon(HORIZON, looked)
+    except (BotoCoreError, ClientError) as fault:  # a shard's read refused
         report.cut_short = True
         logger.warning("reconciler stopped: the rest waits for the next run", fault=repr(fault))
     return report
+
+
+def _cut_short(report: ReconcileReport) -> None:
+    report.cut_short = True
+    logger.warning("reconciler out of time: the rest waits for the next run")
+
+
+def _look_at_due(
+    store: TaskStore,
+    config: Settings,
+    band: tuple[int, int],
+    now_ms: int,
+    run: RunState,
+    report: ReconcileReport,
+) -> int:
+    """Look at the tasks due in `band` (after its first time, up to its second) not
+    settled yet, earliest first; the due time up to which every one has had its look."""
+    looked = band[1]
+    for entries in _due_entries(store, config, *band):
+        statuses = store.statuses([entry["task_id"] for entry in entries])
+        for entry in entries:
+            due = int(entry["gsi_due_ms"])
+            status, version = statuses.get(entry["task_id"], (None, None))
+            if status is None or status in SETTLED or version != int(entry["version"]):
+                continue  # gone, settled, or changed (a new version has an entry of its own)
+            if run.out_of_time():
+                _cut_short(report)
+                return min(looked, due - 1)
+            if _settle_entry(store, entry, config, now_ms, run, report) is Reconciled.FAULT:
+                looked = min(looked, due - 1)
+    return looked
+
+
+def _due_entries(
+    store: TaskStore, config: Settings, after_ms: int, until_ms: int
+) -> Iterator[list[dict[str, Any]]]:
+    """The due shards' entries after `after_ms` up to `until_ms`, earliest first, a
+    BatchGetItem's worth at a time."""
+    shards = (store.in_shard(str(shard), until_ms, after_ms) for shard in range(config.shards))
+    entries: list[dict[str, Any]] = []
+    for entry in heapq.merge(*shards, key=lambda entry: int(entry["gsi_due_ms"])):
+        entries.append(entry)
+        if len(entries) == BATCH_GET_MAX:
+            yield entries
+            entries = []
+    if entries:
+        yield entries
 
 
 def _settle_entry(
@@ -209,23 +301,25 @@ def _settle_entry(
     now_ms: int,
     run: RunState,
     report: ReconcileReport,
-) -> None:
+) -> Reconciled | None:
+    """Look at one entry's task, and count what came of it."""
     try:
         outcome = _reconcile_one(store, entry, config, now_ms, run)
     except (BotoCoreError, ClientError) as fault:
         logger.warning("reconcile fault", task_id=entry["task_id"], fault=repr(fault))
         outcome = Reconciled.FAULT
     if outcome is None:
-        return
+        return None
     report.outcomes[outcome] += 1
     report.tasks.append((entry["task_id"], outcome))
     if outcome not in (Reconciled.STILL_RUNNING, Reconciled.FAULT):
         logger.warning("task reconciled", task_id=entry["task_id"], outcome=outcome)
+    return outcome
 
 
-def _due_for_a_look(store: TaskStore, config: Settings, until_ms: int) -> Iterator[dict[str, Any]]:
-    """The check shards' entries due by `until_ms`, shard by shard, each shard read whole
-    before its entries are settled (settling moves entries within the shards)."""
+def _check_entries(store: TaskStore, config: Settings, until_ms: int) -> Iterator[dict[str, Any]]:
+    """The check shards' entries to look at by `until_ms`, shard by shard, each shard read
+    whole before its entries are looked at (a look moves entries within the shards)."""
     for shard in range(config.shards):
         yield from list(store.in_shard(check_shard(shard), until_ms))
 
@@ -237,10 +331,15 @@ def _reconcile_one(
     item = store.get(entry["task_id"])
     if not item or int(item["version"]) != int(entry["version"]):
         return None  # changed since the index was read
-    if item["status"] == TaskStatus.FAILED and run.letters.refused:
+    status = item["status"]
+    if status in (TaskStatus.SUCCEEDED, TaskStatus.CANCELLED):
+        if item.get("gsi_pk", "").startswith("check-"):  # no more looks needed
+            store.forget(item["task_id"], int(item["version"]))
+        return None
+    if status == TaskStatus.FAILED and run.letters.refused:
         return Reconciled.LETTER_OWED  # for the next run
-    if item["status"] == TaskStatus.FAILED:
+    if status == TaskStatus.FAILED:
         return _send_owed_letter(store, item, config, now_ms, run.letters)
-    if item["status"] in (TaskStatus.SCHEDULED, TaskStatus.RUNNING):
-        return _settle(store, item, config, now_ms, run)
-    return None  # settled since the index was read
+    if status == TaskStatus.PENDING:
+        return _start_late(store, item, config, now_ms, run)
+    return _settle(store, item, config, now_ms, run)

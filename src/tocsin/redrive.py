@@ -9,10 +9,10 @@ once the task is redriven, or when it no longer applies (the task changed or is 
 A task is redriven once per run: if it fails again before the run ends, that dead letter
 stays on the queue for the next run, instead of the run chasing it version after version.
 A second letter for a version already redriven is a copy (a letter may be sent twice;
-see `tocsin.dead_letter`): it is deleted as such. A batch's tasks are still SCHEDULED or
-RUNNING when its letter lands: the reconciler settles them past their check time
-(requeued, or FAILED with a letter of their own), and the batch's letter stays until none
-of its tasks is in flight.
+see `tocsin.dead_letter`): it is deleted as such. A batch's tasks are still PENDING or
+RUNNING at their version when its letter lands: the reconciler settles them when it looks
+(started again, requeued, or FAILED with a letter of their own), and the batch's letter
+stays until none of them is left so.
 """
 
 import json
@@ -106,15 +106,16 @@ def _redrive_one(
     item = store.get(task_id)
     if item is None:
         return "gone"
-    if int(item["version"]) == version and item["status"] in ("SCHEDULED", "RUNNING"):
+    if int(item["version"]) == version and item["status"] in ("PENDING", "RUNNING"):
         return IN_FLIGHT
     if item["status"] != "FAILED" or int(item["version"]) != version:
         return "changed"
     if dry_run:
         return "would redrive"
+    now = clock.now_ms()
     redriven = store.redrive(
-        task_id, version, due_index_keys(task_id, int(item["due_ms"]), config),
-        clock.to_iso(clock.now_ms()),
+        task_id, version, due_index_keys(task_id, int(item["due_ms"]), config, now),
+        clock.to_iso(now),
     )  # fmt: skip
     if redriven is None:
         return "changed"

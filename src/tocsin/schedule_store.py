@@ -190,7 +190,7 @@ class ScheduleStore:
                 Key={"task_id": _serialize(task_id)},
                 UpdateExpression="SET #s = :cancelled, updated_at = :now, expires_at = :expires "
                 "REMOVE gsi_pk, gsi_due_ms",
-                ConditionExpression="schedule_revision < :rev AND #s IN (:pending, :scheduled)",
+                ConditionExpression="schedule_revision < :rev AND #s = :pending",
                 ExpressionAttributeNames={"#s": "status"},
                 ExpressionAttributeValues=_values(
                     {
@@ -199,7 +199,6 @@ class ScheduleStore:
                         ":expires": expires_at,
                         ":rev": revision,
                         ":pending": TaskStatus.PENDING.value,
-                        ":scheduled": TaskStatus.SCHEDULED.value,
                     }
                 ),
                 ReturnValues="ALL_NEW",
@@ -255,6 +254,7 @@ _OCCURRENCE_FIELDS = (
     "schedule_revision",
     "gsi_pk",
     "gsi_due_ms",
+    "placed_ms",
 )
 
 
@@ -274,8 +274,7 @@ def _upsert_occurrence(task: dict[str, Any]) -> dict[str, Any]:
             f"REMOVE {', '.join(['execution', 'requeues', *gone])}"
         ),
         "ConditionExpression": (
-            "attribute_not_exists(task_id) OR "
-            "(schedule_revision < :rev AND #s IN (:pending, :scheduled))"
+            "attribute_not_exists(task_id) OR (schedule_revision < :rev AND #s = :pending)"
         ),
         "ExpressionAttributeNames": {"#v": "version", "#s": "status", **names},
         "ExpressionAttributeValues": _values(
@@ -283,7 +282,6 @@ def _upsert_occurrence(task: dict[str, Any]) -> dict[str, Any]:
                 ":zero": 0,
                 ":one": 1,
                 ":pending": TaskStatus.PENDING.value,
-                ":scheduled": TaskStatus.SCHEDULED.value,
                 ":now": task["created_at"],
                 ":rev": task["schedule_revision"],
                 **values,

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from tocsin import clock
-from tocsin.dispatch import dispatch_all, due_task
+from tocsin.dispatch import dispatch_all, look_again_now
 from tocsin.errors import Conflict, InvalidSchedule, NotFound
 from tocsin.index_keys import shard_of
 from tocsin.lifecycle import MAX_PAGE, decode_page_key, encode_page_key
@@ -25,10 +25,9 @@ from tocsin.model import (
     DEFAULT_MAX_ATTEMPTS,
     MAX_ATTEMPTS_LIMIT,
     SCHEDULE_ID_PATTERN,
-    TaskStatus,
     TaskType,
 )
-from tocsin.occurrences import cancel_leftovers, materialize, occurrences_of
+from tocsin.occurrences import cancel_leftovers, made_tasks, materialize, occurrences_of
 from tocsin.recurrence import MAX_UPCOMING, Occurrences, parse
 from tocsin.schedule_store import SCHEDULE_PAGE_KEY, ScheduleState, ScheduleStore
 from tocsin.settings import Settings
@@ -208,14 +207,10 @@ def _start_due_soon(task_ids: list[str], config: Settings) -> None:
     """Start the executions of occurrences the finder's next run could be too late for."""
     if not task_ids:
         return
-    store = TaskStore(config.tasks_table)
-    items = [store.get(task_id) for task_id in task_ids]
-    due = [
-        due_task(item)
-        for item in items
-        if item is not None and item["status"] == TaskStatus.PENDING.value
-    ]
-    dispatch_all(due, config, time.monotonic() + DISPATCH_BUDGET_S)
+    report = dispatch_all(
+        made_tasks(task_ids, config), config, time.monotonic() + DISPATCH_BUDGET_S
+    )
+    look_again_now(report.left, config)
 
 
 def _turn_near_occurrences(item: dict[str, Any], config: Settings) -> None:

@@ -6,7 +6,7 @@ table could swap each other's names mid-build (a finder query once named the wro
 """
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,10 @@ from tocsin.errors import Busy
 from tocsin.model import SUMMARY_ATTRIBUTES, TaskStatus
 from tocsin.settings import settings
 
-DUE_INDEX = "DispatchIndex"  # by shard and time: PENDING in due shards, others in check ones
+DUE_INDEX = "DispatchIndex"  # by shard and time: every task in a due shard, a few to check
+# Not a task (no task id holds a `~`): how far the finder and the reconciler have read the
+# due shards (`tocsin.index_keys`), so that each reads every entry once.
+HORIZONS_KEY = {"task_id": "~horizons"}
 # Listing reads keys-only indexes, then the tasks by key: a task's state changes do not
 # rewrite an entry that holds only its keys, where one holding every attribute was written
 # at each of them (three write units a task, all on its owner's index partition).
@@ -90,44 +93,59 @@ class TaskStore:
         reply = self._table.get_item(Key={"task_id": task_id}, ConsistentRead=True)
         return reply.get("Item")
 
-    def mark_scheduled(
-        self,
-        task_id: str,
-        version: int,
-        execution: str,
-        check_keys: dict[str, Any],
-        returning: str = "NONE",
-    ) -> dict[str, Any] | None:
-        """Record that an execution exists (its name), and move the task from the due shards to the
-        check shards (`check_keys`), where the reconciler looks if it is never settled.
-
-        Only a task still PENDING at the same version is marked (a claim, cancel or
-        reschedule that got there first wins): None if it was not, else the attributes
-        asked for by `returning`.
-        """
-        return self._update(
-            task_id,
-            "SET #s = :scheduled, execution = :execution, gsi_pk = :pk, gsi_due_ms = :check",
-            "#s = :pending AND #v = :v",
-            {
-                ":scheduled": TaskStatus.SCHEDULED.value,
-                ":pending": TaskStatus.PENDING.value,
-                ":execution": execution,
-                ":v": version,
-                ":pk": check_keys["gsi_pk"],
-                ":check": check_keys["gsi_due_ms"],
-            },
-            returning=returning,
-        )
-
-    def in_shard(self, shard: str, until_ms: int) -> Iterator[dict[str, Any]]:
-        """The dispatch index's entries of one shard up to `until_ms`, earliest first, all
-        pages: due PENDING tasks in a due shard, in-flight ones to check in a check shard."""
+    def in_shard(
+        self, shard: str, until_ms: int, after_ms: int | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """The dispatch index's entries of one shard after `after_ms` (if given) up to
+        `until_ms`, earliest first, all pages."""
+        if after_ms is None:
+            key, values = "gsi_due_ms <= :until", {":until": until_ms}
+        else:
+            key, values = "gsi_due_ms BETWEEN :after AND :until", {":after": after_ms + 1}
+            values[":until"] = until_ms
         yield from _every_page(
             self._table.query,
             IndexName=DUE_INDEX,
-            KeyConditionExpression="gsi_pk = :shard AND gsi_due_ms <= :until",
-            ExpressionAttributeValues={":shard": shard, ":until": until_ms},
+            KeyConditionExpression=f"gsi_pk = :shard AND {key}",
+            ExpressionAttributeValues={":shard": shard, **values},
+        )
+
+    def statuses(self, task_ids: list[str]) -> dict[str, tuple[str, int]]:
+        """Up to 100 tasks' status and version, read at once (eventually consistent: a
+        look that finds a task unsettled reads it again, consistently)."""
+        keys = [{"task_id": task_id} for task_id in dict.fromkeys(task_ids)]
+        items = batch_read(
+            self._dynamodb,
+            self._table.name,
+            keys,
+            ProjectionExpression="task_id, #s, #v",
+            ExpressionAttributeNames=STATUS_AND_VERSION,
+        )
+        return {item["task_id"]: (item["status"], int(item["version"])) for item in items}
+
+    def horizon(self, name: str) -> int | None:
+        """How far a reader of the due shards has read (None: it never has)."""
+        item = self._table.get_item(Key=HORIZONS_KEY, ConsistentRead=True).get("Item", {})
+        return int(item[name]) if name in item else None
+
+    def advance_horizon(self, name: str, to_ms: int) -> None:
+        """Move a horizon forward, never back: of two runs at once, the further one stands."""
+        with suppress(self._conditional_failed):
+            self._table.update_item(
+                Key=HORIZONS_KEY,
+                UpdateExpression="SET #h = :to",
+                ConditionExpression="attribute_not_exists(#h) OR #h < :to",
+                ExpressionAttributeNames={"#h": name},
+                ExpressionAttributeValues={":to": to_ms},
+            )
+
+    def set_horizon(self, name: str, to_ms: int) -> None:
+        """Put a horizon back (a restart whose executions died must read again from there)."""
+        self._table.update_item(
+            Key=HORIZONS_KEY,
+            UpdateExpression="SET #h = :to",
+            ExpressionAttributeNames={"#h": name},
+            ExpressionAttributeValues={":to": to_ms},
         )
 
     def owned(
@@ -270,20 +288,13 @@ class TaskStore:
         return self._update(
             task_id,
             update,
-            "#o = :owner AND #s IN (:pending, :scheduled)" + extra_condition,
-            {
-                ":owner": owner,
-                ":pending": TaskStatus.PENDING.value,
-                ":scheduled": TaskStatus.SCHEDULED.value,
-                **values,
-            },
+            "#o = :owner AND #s = :pending" + extra_condition,
+            {":owner": owner, ":pending": TaskStatus.PENDING.value, **values},
             {"#o": "owner", **(extra_names or {})},
             returning="ALL_NEW",
         )
 
-    def claim(
-        self, task_id: str, version: int, holder: "Holder", now_ms: int, check: dict[str, Any]
-    ) -> "Claim":
+    def claim(self, task_id: str, version: int, holder: "Holder", now_ms: int) -> "Claim":
         """The exactly-once lock: one version to RUNNING for `holder`, the task as it was.
 
         An execution holds a task until the end of the attempt that claimed it (its lease):
@@ -296,21 +307,18 @@ class TaskStore:
             reply = self._table.update_item(
                 Key={"task_id": task_id},
                 UpdateExpression="SET #s = :running, execution = :execution, attempt = :attempt, "
-                "lease_until = :lease, gsi_pk = :pk, gsi_due_ms = :check",
-                ConditionExpression="#v = :v AND (#s IN (:pending, :scheduled) OR (#s = :running "
+                "lease_until = :lease",
+                ConditionExpression="#v = :v AND (#s = :pending OR (#s = :running "
                 "AND execution = :execution AND (attempt = :attempt OR lease_until < :now)))",
                 ExpressionAttributeNames=STATUS_AND_VERSION,
                 ExpressionAttributeValues={
                     ":running": TaskStatus.RUNNING.value,
                     ":pending": TaskStatus.PENDING.value,
-                    ":scheduled": TaskStatus.SCHEDULED.value,
                     ":execution": holder.execution,
                     ":attempt": holder.attempt,
                     ":lease": holder.lease_until_ms,
                     ":now": now_ms,
                     ":v": version,
-                    ":pk": check["gsi_pk"],
-                    ":check": check["gsi_due_ms"],
                 },
                 ReturnValues="ALL_OLD",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
@@ -341,13 +349,13 @@ class TaskStore:
         `fields`. True when it is so now, also when a retried write finds its own first try
         committed; False if the task is no longer this attempt's (it changed under the claim,
         or a later attempt took it over). A FAILED task's `fields` hold the index keys it
-        waits at until its letter is sent (`letter_sent`)."""
+        waits at until its letter is sent (`letter_sent`); a SUCCEEDED task's entry stays
+        where it is (`tocsin.index_keys`)."""
         names, values, sets = _assignments(fields, "f")
-        leaves = "" if "gsi_pk" in fields else " REMOVE gsi_pk, gsi_due_ms"
         try:
             self._table.update_item(
                 Key={"task_id": task_id},
-                UpdateExpression=f"SET #s = :status, {sets}{leaves}",
+                UpdateExpression=f"SET #s = :status, {sets}",
                 ConditionExpression="#s = :running AND #v = :v AND attempt = :attempt",
                 ExpressionAttributeNames={**STATUS_AND_VERSION, **names},
                 ExpressionAttributeValues={
@@ -382,7 +390,7 @@ class TaskStore:
         return self._update(
             task_id,
             "SET #v = :next, #s = :pending, attempts = :zero, updated_at = :now, "
-            "gsi_pk = :pk, gsi_due_ms = :due "
+            "gsi_pk = :pk, gsi_due_ms = :due, placed_ms = :placed "
             "REMOVE #e, expires_at, execution, attempt, lease_until, requeues",
             "#s = :failed AND #v = :v",
             {
@@ -394,33 +402,33 @@ class TaskStore:
                 ":now": now_iso,
                 ":pk": index_keys["gsi_pk"],
                 ":due": index_keys["gsi_due_ms"],
+                ":placed": index_keys["placed_ms"],
             },
             {"#e": "error"},
             returning="ALL_NEW",
         )
 
     def requeue(
-        self, task_id: str, version: int, requeues: int, due_keys: dict[str, Any], now_iso: str
+        self, task_id: str, version: int, requeues: int, keys: dict[str, Any], now_iso: str
     ) -> dict[str, Any] | None:
-        """A task in flight whose execution ended without settling it, PENDING again at the
-        same version (the same idempotency key: what was sent is not sent again), counted
-        in `requeues`, which names its next execution anew. None if it changed meanwhile."""
+        """A RUNNING task whose execution ended without settling it, PENDING again at the
+        same version (a send recorded in the sent log is not sent again), counted in
+        `requeues`, which names its next execution anew, and put at `keys` for a look once
+        that one should have settled it. None if it changed meanwhile."""
         return self._update(
             task_id,
             "SET #s = :pending, requeues = :next, updated_at = :now, gsi_pk = :pk, "
-            "gsi_due_ms = :due REMOVE execution, attempt, lease_until",
-            "#s IN (:scheduled, :running) AND #v = :v AND "
-            "(attribute_not_exists(requeues) OR requeues = :seen)",
+            "gsi_due_ms = :look REMOVE execution, attempt, lease_until",
+            "#s = :running AND #v = :v AND (attribute_not_exists(requeues) OR requeues = :seen)",
             {
                 ":pending": TaskStatus.PENDING.value,
-                ":scheduled": TaskStatus.SCHEDULED.value,
                 ":running": TaskStatus.RUNNING.value,
                 ":v": version,
                 ":seen": requeues,
                 ":next": requeues + 1,
                 ":now": now_iso,
-                ":pk": due_keys["gsi_pk"],
-                ":due": due_keys["gsi_due_ms"],
+                ":pk": keys["gsi_pk"],
+                ":look": keys["gsi_due_ms"],
             },
             returning="ALL_NEW",
         )
@@ -447,15 +455,14 @@ class TaskStore:
         self, task_id: str, version: int, fields: dict[str, Any]
     ) -> dict[str, Any] | None:
         """FAILED with `fields` (among them the index keys it waits at until its letter is
-        sent), if still in flight at `version`; None if it changed."""
+        sent), if still RUNNING at `version`; None if it changed."""
         names, values, sets = _assignments(fields, "f")
         return self._update(
             task_id,
             f"SET #s = :failed, {sets}",
-            "#s IN (:scheduled, :running) AND #v = :v",
+            "#s = :running AND #v = :v",
             {
                 ":failed": TaskStatus.FAILED.value,
-                ":scheduled": TaskStatus.SCHEDULED.value,
                 ":running": TaskStatus.RUNNING.value,
                 ":v": version,
                 **values,
@@ -473,18 +480,33 @@ class TaskStore:
             {":failed": TaskStatus.FAILED.value, ":v": version},
         )
 
-    def check_later(self, task_id: str, version: int, check_ms: int) -> None:
-        """Look at a task in a check shard again at `check_ms`: one in flight whose execution
-        still runs, or a FAILED one whose letter SQS refused."""
+    def look_again(self, task_id: str, version: int, keys: dict[str, Any]) -> None:
+        """Put a task not yet settled in a check shard (`keys`) for another look: one whose
+        start failed or was made late, one whose execution still runs, a FAILED one whose
+        letter SQS refused."""
         self._update(
             task_id,
-            "SET gsi_due_ms = :check",
-            "#s IN (:scheduled, :running, :failed) AND #v = :v AND attribute_exists(gsi_pk)",
+            "SET gsi_pk = :pk, gsi_due_ms = :look",
+            "#s IN (:pending, :running, :failed) AND #v = :v",
             {
-                ":check": check_ms,
-                ":scheduled": TaskStatus.SCHEDULED.value,
+                ":pk": keys["gsi_pk"],
+                ":look": keys["gsi_due_ms"],
+                ":pending": TaskStatus.PENDING.value,
                 ":running": TaskStatus.RUNNING.value,
                 ":failed": TaskStatus.FAILED.value,
+                ":v": version,
+            },
+        )
+
+    def forget(self, task_id: str, version: int) -> None:
+        """Take a settled task out of the check shards, where it needs no more looks."""
+        self._update(
+            task_id,
+            "REMOVE gsi_pk, gsi_due_ms",
+            "#s IN (:succeeded, :cancelled) AND #v = :v",
+            {
+                ":succeeded": TaskStatus.SUCCEEDED.value,
+                ":cancelled": TaskStatus.CANCELLED.value,
                 ":v": version,
             },
         )

@@ -162,7 +162,7 @@ def task_item(
         "max_attempts": max_attempts,
         "owner": owner,
         "created_at": clock.to_iso(now_ms),
-        **due_index_keys(task_id, due_ms, config),
+        **due_index_keys(task_id, due_ms, config, now_ms),
     }
 
 

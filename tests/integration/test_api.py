@@ -345,7 +345,8 @@ def test_generated_bad_bodies_get_a_4xx_and_leave_the_table_unchanged(runtime, b
 def test_a_cancelled_task_never_fires(runtime, receiver):
     due = clock.now_ms() + settings().lead_ms + 4000  # cancelled well before the wake
     status, task = call_api(runtime, "POST", "/tasks", webhook_task(receiver.url, due, "c-1"))
-    assert status == 201 and task["status"] == "SCHEDULED"
+    assert status == 201 and task["status"] == "PENDING"
+    assert [e.name for e in runtime.executions()] == ["c-1-v1"]  # started, by its writer
     status, task = call_api(runtime, "DELETE", "/tasks/c-1")
     assert status == 200 and task["status"] == "CANCELLED"
     time.sleep(max(0, due - clock.now_ms()) / 1000 + 1)
@@ -406,7 +407,7 @@ def test_reschedule_fires_the_new_version_at_the_new_time_only(runtime, receiver
     # Due in 13 s: moto's Wait ends up to 2 s before the lead, 6 s on at the earliest,
     # room for the PATCH.
     body = webhook_task(receiver.url, now + 13_000, "r-1", {"v": 1})
-    assert call_api(runtime, "POST", "/tasks", body)[1]["status"] == "SCHEDULED"
+    assert call_api(runtime, "POST", "/tasks", body)[1]["status"] == "PENDING"
     new_due = now + 15_000
     status, task = call_api(
         runtime, "PATCH", "/tasks/r-1", {"due_at": clock.to_iso(new_due), "payload": {"v": 2}}

@@ -35,11 +35,11 @@ def test_spread_times_tocsin_and_the_baseline_on_the_same_plan(tmp_path, capsys,
     # Wait and Fire per execution, and an execution holds one task or more
     assert 0 < spread["cost"]["per_task"]["state_transitions"] <= 2
     assert spread["cost"]["per_task"]["api_requests"] == 1
-    # the indexes' writes are billed: the put enters OwnerKeysIndex and a due shard, the mark
-    # moves the task to a check shard (two writes) and the final mark leaves it; the state
-    # changes leave OwnerKeysIndex as it was (it holds only keys)
-    # (8 when the owner's index copied every attribute; a requeue on a slow machine adds some)
-    assert 5 <= spread["cost"]["per_task"]["dynamodb_index_write_units"] < 8
+    # the indexes' writes are billed: the put enters OwnerKeysIndex and a due shard, where
+    # it stays; the claim and the final mark change neither (5 while a mark moved the entry
+    # to a check shard and the final mark took it out; a late start on a slow machine, or
+    # a long retry, moves it to a check shard: two more)
+    assert 2 <= spread["cost"]["per_task"]["dynamodb_index_write_units"] < 4
     units = spread["cost"]["write_units_per_task"]  # the table's and each index's
     assert {"table", "index:DispatchIndex", "index:OwnerKeysIndex"} <= set(units)
     each = sum(value for name, value in units.items() if name.startswith("index:"))

@@ -92,7 +92,7 @@ def test_the_tasks_table_has_its_indexes_and_ttl(deployed):
     ]
     assert indexes["DispatchIndex"]["Projection"] == {
         "ProjectionType": "INCLUDE",
-        "NonKeyAttributes": ["version", "task_type", "requeues"],
+        "NonKeyAttributes": ["version", "task_type", "requeues", "placed_ms"],
     }
     assert [k["AttributeName"] for k in indexes["OwnerKeysIndex"]["KeySchema"]] == [
         "owner",

@@ -1,4 +1,4 @@
-"""Racing finders, a crash between StartExecution and the mark, and failing executors."""
+"""Racing finders, a crash between StartExecution and the horizon, and failing executors."""
 
 import json
 import logging
@@ -32,14 +32,13 @@ from tests.conftest import (
 from tocsin import aws, clock
 from tocsin.dispatch import execution_arn
 from tocsin.executor import DeliveryInProgress, TableUnavailable
-from tocsin.index_keys import check_index_keys
 from tocsin.measure.cost import transitions
 from tocsin.settings import settings
 from tocsin.store import DUE_INDEX, Claim
 
 
 def test_two_finders_at_once_fire_each_task_once(runtime, receiver):
-    """Both finders read every due shard before either starts or marks anything."""
+    """Both finders read every due shard before either starts anything."""
     ids = store_pending(receiver.url, 12, 2500, "race")
     client = aws.resource("dynamodb").meta.client
     both_read, seen, held = threading.Barrier(2, timeout=30), threading.local(), []
@@ -87,18 +86,19 @@ def _connection_lost(**_: object) -> None:
     raise EndpointConnectionError(endpoint_url="https://dynamodb.us-east-1.amazonaws.com")
 
 
-MARKS_LOST = ("before-call.dynamodb.UpdateItem", _connection_lost)  # a finder dying after starts
+# a finder dying after its starts, at its horizon's write
+HORIZON_LOST = ("before-call.dynamodb.UpdateItem", _connection_lost)
 
 
 @pytest.mark.slow
-def test_finder_crash_between_start_and_mark_still_fires_once(runtime, receiver):
+def test_finder_crash_between_start_and_horizon_still_fires_once(runtime, receiver):
     ids = store_pending(receiver.url, 5, 15_000, "crash")  # no claim before the second run
-    with hooked(tables(), MARKS_LOST), pytest.raises(EndpointConnectionError):
-        runtime.run_finder()  # started the executions, then died before marking
+    with hooked(tables(), HORIZON_LOST), pytest.raises(EndpointConnectionError):
+        runtime.run_finder()  # started the executions, then died before moving its horizon
     assert {stored(i)["status"] for i in ids} == {"PENDING"}
 
     started = {e.name for e in runtime.executions()}
-    second = runtime.run_finder()  # packed the same: no second execution, now marked
+    second = runtime.run_finder()  # read again, packed the same: no second execution
     assert second["found"] == len(ids) and second["backlog"] == 0
     assert second["started"] + second["already_started"] == len(ids)  # the same, idempotent
     for task_id in ids:
@@ -109,11 +109,11 @@ def test_finder_crash_between_start_and_mark_still_fires_once(runtime, receiver)
 
 @pytest.mark.slow
 def test_a_crashed_run_repacked_with_a_newcomer_still_fires_each_task_once(runtime, receiver):
-    """The finder starts a window's batch and dies before marking; a task due in the same
+    """The finder starts a window's batch and dies before its horizon; a task due in the same
     window arrives; the next run packs the six into a new batch (a new name: a second
     execution). Both executions claim the first five: the claim decides, each fires once."""
     ids = store_pending(receiver.url, 5, 15_000, "repack")
-    with hooked(tables(), MARKS_LOST), pytest.raises(EndpointConnectionError):
+    with hooked(tables(), HORIZON_LOST), pytest.raises(EndpointConnectionError):
         runtime.run_finder()
     first = {e.name for e in runtime.executions()}
     due_ms = int(stored(ids[0])["due_ms"])
@@ -203,12 +203,11 @@ def test_a_retried_invocation_takes_back_its_claim_and_does_not_act_again(runtim
 
 def test_another_execution_cannot_claim_a_held_task(runtime, receiver):
     ids = store_pending(receiver.url, 1, -1000, "held")
-    check = check_index_keys(ids[0], int(stored(ids[0])["due_ms"]), settings())
-    assert claim_as("first", ids[0], check).before["status"] == "PENDING"
+    assert claim_as("first", ids[0]).before["status"] == "PENDING"
     assert stored(ids[0])["status"] == "RUNNING"
-    again = claim_as("first", ids[0], check)  # its own write, tried again
+    again = claim_as("first", ids[0])  # its own write, tried again
     assert again.before["status"] == "RUNNING" and not again.taken_over
-    assert claim_as("second", ids[0], check) == Claim(None)
+    assert claim_as("second", ids[0]) == Claim(None)
     second = batch_event(ids[0], "arn:aws:states:::execution:m:second")
     assert runtime.invoke("WebhookExecutorFunction", second) == {"tasks": 1, "claimed": 0}
     assert receiver.received() == [] and stored(ids[0])["execution"] == "first"

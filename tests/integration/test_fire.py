@@ -9,17 +9,22 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from tests.conftest import (
+    all_tasks,
     http_server,
     runtime_with,
+    stop_until_ended,
     store_pending,
     store_task,
     stored,
     wait_for_status,
     webhook_task,
 )
+from tests.integration.test_targets import EVENTS
 from tocsin import clock
 from tocsin.errors import Conflict
+from tocsin.index_keys import INDEX_LAG_MS
 from tocsin.settings import settings
+from tocsin.store import HORIZONS_KEY
 from tocsin.submit import submit_task
 
 
@@ -44,20 +49,24 @@ def test_task_due_inside_look_ahead_is_started_at_submit(runtime, receiver):
     submitted = submit_task(
         webhook_task(receiver.url, clock.now_ms() + 10_000, "soon"), owner="alice"
     )
-    assert submitted.task["status"] == "SCHEDULED"
+    assert submitted.task["status"] == "PENDING"  # until its execution claims it
     assert [e.name for e in runtime.executions()] == ["soon-v1"]
-    assert stored("soon")["gsi_pk"].startswith("check-")  # out of the due shards: the finder
-    # will not start it again; in a check shard until it is settled
+    # its entry stays in the due shards, where the finder leaves what its writer started
+    assert not stored("soon")["gsi_pk"].startswith("check-")
+    assert runtime.run_finder()["found"] == 0
+    assert [e.name for e in runtime.executions()] == ["soon-v1"]
 
 
 @pytest.mark.slow
 def test_task_due_beyond_look_ahead_is_started_by_the_finder(receiver):
     with runtime_with({"LookAheadSeconds": "5"}) as rt:
-        due = clock.now_ms() + 9000  # 4 s beyond the look-ahead: the first run misses it
+        # beyond the look-ahead and the index's lag: the finder's, which misses it at first
+        due = clock.now_ms() + 5000 + INDEX_LAG_MS + 1000
         submitted = submit_task(webhook_task(receiver.url, due, "later"), owner="alice")
         assert submitted.task["status"] == "PENDING"
         assert rt.run_finder()["found"] == 0
-        time.sleep(4.5)
+        assert list(rt.executions()) == []
+        time.sleep((due - clock.now_ms() - 4500) / 1000)
         assert rt.run_finder()["started"] == 1
         wait_for_status("later", {"SUCCEEDED"})
         assert len(receiver.received()) == 1
@@ -166,10 +175,10 @@ def test_a_hanging_target_holds_up_no_other_task_of_its_batch(runtime, receiver)
 
 def test_a_name_an_ended_execution_holds_starts_the_task_again_under_a_new_one(runtime, receiver):
     """The task's execution name is taken by an execution that ended without settling it
-    (started, then stopped, before the finder's mark: a crash between start and mark, and
-    an operator's stop). StartExecution answers ExecutionAlreadyExists, as for one still
-    running; the finder asks, and starts the task again under a new name at once, rather
-    than marking it for the reconciler to find a quarter of an hour later."""
+    (started, then stopped before it claimed the task: an operator's stop, say).
+    StartExecution answers ExecutionAlreadyExists, as for one still running; the finder
+    asks, and starts the task again under a new name at once, rather than leaving it for
+    the reconciler to find past its due time."""
     [task_id] = store_pending(receiver.url, 1, 12_000, "taken")
     sfn = boto3.client("stepfunctions")
     later = clock.to_iso_second(clock.now_ms() + 60_000)
@@ -177,16 +186,39 @@ def test_a_name_an_ended_execution_holds_starts_the_task_again_under_a_new_one(r
     ended = sfn.start_execution(
         stateMachineArn=runtime.state_machine_arn, name=f"{task_id}-v1", input=json.dumps(waiting)
     )["executionArn"]
-    deadline = time.monotonic() + 10
-    while sfn.describe_execution(executionArn=ended)["status"] == "RUNNING":
-        # again until it ends: moto loses a stop that comes before the Wait has begun
-        assert time.monotonic() < deadline, "the execution would not stop"
-        sfn.stop_execution(executionArn=ended)
-        time.sleep(0.2)
+    stop_until_ended(ended)
     report = runtime.run_finder()
     assert (report["renamed"], report["already_started"], report["backlog"]) == (1, 0, 0)
-    item = stored(task_id)
-    assert item["status"] == "SCHEDULED" and int(item["requeues"]) == 1
+    assert int(stored(task_id)["requeues"]) == 1
+    item = wait_for_status(task_id, {"SUCCEEDED"})
     assert item["execution"] == f"{task_id}-v1r1"
-    wait_for_status(task_id, {"SUCCEEDED"})
     assert [a.task_id for a in receiver.received()] == [task_id]
+
+
+def test_generated_scheduled_event_runs_the_finder_which_writes_only_its_horizons(runtime):
+    event = json.loads((EVENTS / "finder_scheduled.json").read_text())
+    assert runtime.invoke("FinderFunction", event) == {
+        "found": 0,
+        "started": 0,
+        "already_started": 0,
+        "renamed": 0,
+        "throttled": 0,
+        "failed": 0,
+        "deferred": 0,
+        "backlog": 0,
+        "executions": 0,
+        "stuck": 0,
+        "started_late": 0,
+        "requeued": 0,
+        "failed_stuck": 0,
+        "letters_sent": 0,
+        "letters_owed": 0,
+        "reconcile_faults": 0,
+        "reconcile_cut_short": 0,
+        "schedules_due": 0,
+        "occurrences_made": 0,
+        "schedule_errors": 0,
+    }
+    [horizons] = all_tasks()  # how far the finder and the reconciler have read
+    assert horizons["task_id"] == HORIZONS_KEY["task_id"]
+    assert set(horizons) == {"task_id", "finder_ms", "looked_ms"}

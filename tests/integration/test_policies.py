@@ -16,7 +16,6 @@ from fnmatch import fnmatchcase
 from typing import Any
 from unittest import mock
 
-import boto3
 import pytest
 from botocore.client import BaseClient
 from botocore.exceptions import ClientError
@@ -27,6 +26,7 @@ from tests.conftest import (
     call_api,
     claim_as,
     hooked,
+    stop_executions,
     store_pending,
     stored,
     webhook_task,
@@ -39,6 +39,7 @@ from tests.integration.test_targets import (
     store_sample_task,
 )
 from tocsin import aws, clock
+from tocsin.index_keys import LOOK_AFTER_MS, check_keys
 from tocsin.local.runtime import scheduled_event
 from tocsin.local.stack import ACCOUNT_ID, REGION
 from tocsin.model import TaskStatus
@@ -200,17 +201,6 @@ def every_minute(url: str, start_ms: int) -> dict[str, Any]:
     }
 
 
-def stop_executions() -> None:
-    """The executions a step started, stopped before they wake: no executor call of theirs
-    lands in the next function's record."""
-    sfn = boto3.client("stepfunctions")
-    for machine in sfn.list_state_machines()["stateMachines"]:
-        listed = sfn.list_executions(stateMachineArn=machine["stateMachineArn"])
-        for execution in listed["executions"]:
-            if execution["status"] == "RUNNING":
-                sfn.stop_execution(executionArn=execution["executionArn"])
-
-
 def test_the_api_role_allows_every_call_of_the_api(runtime, calls, receiver):
     task = webhook_task(receiver.url, clock.now_ms() + 3_600_000, "later")
     soon = webhook_task(receiver.url, clock.now_ms() + 15_000, "soon")
@@ -251,16 +241,21 @@ def test_the_api_role_allows_every_call_of_the_api(runtime, calls, receiver):
 
 def test_the_finder_role_allows_every_call_of_the_finder(runtime, calls, receiver):
     config, store = settings(), TaskStore(settings().tasks_table)
-    store_pending(receiver.url, 2, 15_000, "due")  # started, marked, stopped before waking
-    # requeued (its check time is past), for a later run: due beyond the look-ahead
+    store_pending(receiver.url, 2, 15_000, "due")  # started, stopped before waking
+    # held by an execution gone, up for a look: requeued, and started to wake later
     [stuck] = store_pending(receiver.url, 1, 60_000, "stuck")
     claim_as(gone(runtime), stuck)
+    store.look_again(stuck, 1, check_keys(stuck, 0, config))
     [owing] = store_pending(receiver.url, 1, -60_000, "owing")
     claim_as(gone(runtime), owing)
     error = {"Error": "PermanentTargetError", "Cause": "webhook answered 410"}
     owed = {"error": json.dumps(error), "gsi_pk": "check-0", "gsi_due_ms": 0}
     owing_done = store.finish(owing, 1, TEST_ATTEMPT, TaskStatus.FAILED, owed)
     assert owing_done  # its letter owed, past the grace
+    # fired long ago: the reconciler reads its status with the others past their look
+    [fired] = store_pending(receiver.url, 1, -LOOK_AFTER_MS - 60_000, "fired")
+    claim_as(gone(runtime), fired)
+    assert store.finish(fired, 1, TEST_ATTEMPT, TaskStatus.SUCCEEDED, {"attempts": 1})
     schedule = every_minute(receiver.url, clock.now_ms() + config.lookahead_s * 1000 + 2_000)
     assert call_api(runtime, "POST", "/schedules", schedule)[0] == 201  # beyond the look-ahead
     time.sleep(3)  # now within it: the finder makes the occurrence
@@ -271,6 +266,7 @@ def test_the_finder_role_allows_every_call_of_the_finder(runtime, calls, receive
     assert report["occurrences_made"] == 1
     assert {
         "dynamodb:Query",
+        "dynamodb:BatchGetItem",
         "dynamodb:GetItem",
         "dynamodb:PutItem",
         "dynamodb:UpdateItem",

@@ -10,7 +10,7 @@ from tests.conftest import store_task, stored, wait_for_status, webhook_task
 from tocsin import clock
 from tocsin.cli import main
 from tocsin.executor import TableUnavailable
-from tocsin.index_keys import SETTLE_AFTER_MS
+from tocsin.index_keys import LOOK_AFTER_MS
 from tocsin.local.stack import STACK_NAME
 from tocsin.reconcile import reconcile
 from tocsin.redrive import COPY, FAILED_AGAIN, IN_FLIGHT, redrive
@@ -123,9 +123,9 @@ def test_a_batch_whose_invocation_fails_for_good_is_dead_lettered_and_settled(ru
     report = redrive(runtime.dead_letter_queue_url, settings())
     assert report.tasks == [(task_id, 1, IN_FLIGHT) for task_id in ids]
     assert dead_letters(runtime) == 1  # kept while its tasks are in flight
-    settled = reconcile(settings(), due + SETTLE_AFTER_MS + 1)
-    assert sorted(str(o) for _, o in settled.tasks) == ["requeued", "requeued"]
-    runtime.run_finder()
+    settled = reconcile(settings(), due + LOOK_AFTER_MS + 1)
+    # never claimed: still PENDING, started again, late
+    assert sorted(str(o) for _, o in settled.tasks) == ["started_late", "started_late"]
     for task_id in ids:
         wait_for_status(task_id, {"SUCCEEDED"})
     assert sorted(a.task_id for a in receiver.received()) == ids

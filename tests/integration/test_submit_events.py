@@ -5,9 +5,10 @@ from pathlib import Path
 
 import boto3
 import pytest
-from botocore.exceptions import ClientError, EndpointConnectionError
+from botocore.exceptions import EndpointConnectionError
 
 from tests.conftest import hooked, stored, wait_for_status, webhook_task
+from tests.integration.test_throttling import throttle
 from tocsin import aws, clock
 from tocsin.local.server import api_event
 from tocsin.local.stack import ACCOUNT_ID
@@ -95,34 +96,35 @@ def test_a_queued_batch_due_soon_starts_packed_and_fires_each_task_once(runtime,
         sqs.send_message(QueueUrl=runtime.outputs["SubmitQueueUrl"], MessageBody=json.dumps(body))
     assert runtime.poll_queues() == 6
     ids = [f"packed-{i}" for i in range(6)]
-    assert {stored(task_id)["status"] for task_id in ids} == {"SCHEDULED"}
     [execution] = runtime.executions()
-    assert {stored(task_id)["execution"] for task_id in ids} == {execution.name}
+    assert {stored(task_id)["status"] for task_id in ids} == {"PENDING"}  # till the claims
     for task_id in ids:
-        wait_for_status(task_id, {"SUCCEEDED"})
+        assert wait_for_status(task_id, {"SUCCEEDED"})["execution"] == execution.name
     assert sorted(a.task_id for a in receiver.received()) == ids
 
 
 @pytest.mark.slow
-def test_a_queued_batch_whose_marks_fail_is_kept_and_fires_once(runtime, receiver):
-    """The batch is stored and its execution started, but the marks are refused: the
-    messages are not delivered again (their tasks are stored), and each task fires once,
-    claimed by the execution already started."""
-    due = (clock.now_ms() // 1000 + 15) * 1000  # wakes 7 s on at the earliest: looked at first
+def test_a_queued_batch_whose_start_fails_is_kept_and_fires_once(
+    runtime, receiver, monkeypatch, no_backoff
+):
+    """The batch is stored, but Step Functions refuses its start past botocore's retries:
+    the messages are not delivered again (their tasks are stored), the tasks wait in a
+    check shard, and the reconciler's next look starts them; each fires once."""
+    due = (clock.now_ms() // 1000 + 15) * 1000
     sqs = boto3.client("sqs")
-    ids = [f"unmarked-{i}" for i in range(3)]
+    ids = [f"unstarted-{i}" for i in range(3)]
     for task_id in ids:
         body = json.dumps(webhook_task(receiver.url, due, task_id))
         sqs.send_message(QueueUrl=runtime.outputs["SubmitQueueUrl"], MessageBody=body)
 
-    def refuse_marks(params: dict, **_: object) -> None:
-        raise ClientError({"Error": {"Code": "ProvisionedThroughputExceededException"}}, "Update")
-
-    client = aws.resource("dynamodb").meta.client
-    with hooked(client, ("before-parameter-build.dynamodb.UpdateItem", refuse_marks)):
-        assert runtime.poll_queues() == 3
+    throttle(monkeypatch, times=99)
+    assert runtime.poll_queues() == 3
     assert runtime.poll_queues() == 0  # none comes back
-    assert {stored(task_id)["status"] for task_id in ids} == {"PENDING"}
+    assert list(runtime.executions()) == []
+    assert all(stored(task_id)["gsi_pk"].startswith("check-") for task_id in ids)
+    monkeypatch.undo()
+    report = runtime.run_finder()
+    assert (report["started_late"], report["found"]) == (3, 0)  # not the finder's to find
     for task_id in ids:
         wait_for_status(task_id, {"SUCCEEDED"})
     assert sorted(a.task_id for a in receiver.received()) == ids

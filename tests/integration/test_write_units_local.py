@@ -1,5 +1,5 @@
 """The write units `tocsin bench --cost` counts, checked against DynamoDB Local, AWS's own
-engine: every write of a few tasks' lives (submit, mark, claim, final mark, cancel,
+engine: every write of a few tasks' lives (submit, claim, final mark, cancel,
 reschedule, a schedule's occurrences and its delete; payloads of 0.5, 10 and 200 KiB) is
 replayed there, in the order the embedded runtime served it, and each must be billed the
 same units on the table and on each index. DynamoDB Local says nothing of a write its

@@ -3,7 +3,6 @@ deployed by default: no internal host allowed). After every test each table and 
 the stack is still empty and no execution has started, so a refusal that wrote anything
 at all, anywhere, fails here; a runtime of their own for each would only see its table."""
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,7 +11,7 @@ import pytest
 
 from tests.conftest import all_schedules, all_tasks, call_api, webhook_task
 from tests.integration.test_api import sns_task
-from tests.integration.test_targets import EVENTS, sample
+from tests.integration.test_targets import sample
 from tocsin import clock
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.settings import MAX_PAYLOAD_BYTES
@@ -198,29 +197,4 @@ def test_a_sample_event_whose_task_is_not_there_claims_nothing(quiet):
     assert quiet.invoke("WebhookExecutorFunction", sample("webhook")) == {
         "tasks": 1,
         "claimed": 0,
-    }
-
-
-def test_generated_scheduled_event_runs_the_finder(quiet):
-    event = json.loads((EVENTS / "finder_scheduled.json").read_text())
-    assert quiet.invoke("FinderFunction", event) == {
-        "found": 0,
-        "started": 0,
-        "already_started": 0,
-        "renamed": 0,
-        "throttled": 0,
-        "failed": 0,
-        "deferred": 0,
-        "backlog": 0,
-        "executions": 0,
-        "stuck": 0,
-        "requeued": 0,
-        "failed_stuck": 0,
-        "letters_sent": 0,
-        "letters_owed": 0,
-        "reconcile_faults": 0,
-        "reconcile_cut_short": 0,
-        "schedules_due": 0,
-        "occurrences_made": 0,
-        "schedule_errors": 0,
     }

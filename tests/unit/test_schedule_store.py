@@ -23,6 +23,7 @@ TASK = {
     "schedule_revision": 3,
     "gsi_pk": "s1",
     "gsi_due_ms": 1_800_000_000_000,
+    "placed_ms": 1_799_999_990_000,
     "created_at": "2027-01-15T07:57:00.000Z",
     "status": "PENDING",
     "version": 1,

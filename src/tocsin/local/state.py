@@ -3,10 +3,10 @@
 On AWS the services hold this state; locally it lives in moto, in memory, and would die
 with the process. A snapshot keys every table and queue by its logical id in the
 template, since moto names them with a random suffix per stack. Executions cannot be
-kept: a task they held (SCHEDULED, or RUNNING in its executor) is put back in the due
-index at the same version, and the finder starts it again. A RUNNING task may have
-acted before the stop: what it sent and could not mark is in the sent log (`tocsin.sent`),
-restored with the tables, and its next executor records that instead of sending again.
+kept: a task they held (PENDING and already started, or RUNNING in its executor) is
+started again at the same version. A RUNNING task may have acted before the stop: what it
+sent and could not mark is in the sent log (`tocsin.sent`), restored with the tables, and
+its next executor records that instead of sending again.
 """
 
 import json
@@ -15,8 +15,13 @@ from typing import Any
 
 import boto3
 
+from tocsin import clock
+from tocsin.finder import HORIZON
+from tocsin.index_keys import check_keys, writers_own
+from tocsin.model import TaskStatus
 from tocsin.reconcile import Reconciled, reconcile
-from tocsin.settings import settings
+from tocsin.settings import Settings, settings
+from tocsin.store import TaskStore
 
 BATCH = 25  # BatchWriteItem's limit
 PARTS = {"tables", "queues", "secrets"}
@@ -63,14 +68,39 @@ def restore(stack_name: str, state: dict[str, Any]) -> None:
         client.put_secret_value(SecretId=name, SecretString=value)
 
 
-NO_LATER_THAN_EVER = 2**53  # every task in flight, whatever its check time
-
-
 def requeue_interrupted() -> list[str]:
-    """Tasks whose executions died with the last runtime, settled by the reconciler at once
-    (none of those executions runs here): PENDING again at their version; their ids."""
-    report = reconcile(settings(), until_ms=NO_LATER_THAN_EVER)
-    return [task_id for task_id, outcome in report.tasks if outcome is Reconciled.REQUEUED]
+    """Tasks whose executions died with the last runtime (none of them runs here): each one
+    such an execution may have held is put in a check shard and looked at by the
+    reconciler at once, which starts it again (requeued, if it was RUNNING); their ids."""
+    config, now = settings(), clock.now_ms()
+    store = TaskStore(config.tasks_table)
+    horizon = store.horizon(HORIZON) or 0
+    request: dict[str, Any] = {"ConsistentRead": True}
+    table = boto3.resource("dynamodb").Table(config.tasks_table)
+    while True:
+        page = table.scan(**request)
+        for item in page["Items"]:
+            if _maybe_held(item, horizon, config):
+                task_id = item["task_id"]
+                store.look_again(task_id, int(item["version"]), check_keys(task_id, now, config))
+        if "LastEvaluatedKey" not in page:
+            break
+        request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+    report = reconcile(config, until_ms=now)
+    restarted = (Reconciled.REQUEUED, Reconciled.STARTED_LATE)
+    return [task_id for task_id, outcome in report.tasks if outcome in restarted]
+
+
+def _maybe_held(item: dict[str, Any], finder_horizon: int, config: Settings) -> bool:
+    """Whether an execution may have held the task: RUNNING, or PENDING and started (by the
+    finder, up to its horizon, or by its writer), or put for a look."""
+    if item.get("status") == TaskStatus.RUNNING:
+        return True
+    if item.get("status") != TaskStatus.PENDING or "gsi_pk" not in item:
+        return False
+    due, placed = int(item["due_ms"]), int(item.get("placed_ms", 0))
+    looked_for = str(item["gsi_pk"]).startswith("check-")
+    return looked_for or due <= finder_horizon or writers_own(due, placed, config)
 
 
 def load(path: Path) -> dict[str, Any] | None:

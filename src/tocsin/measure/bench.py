@@ -37,6 +37,7 @@ from tocsin.bodies import split
 from tocsin.dispatch import Batch, DueTask, attempt_limit_s, execution_arn, execution_input
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.local.server import api_event
+from tocsin.measure import placed_long_ago
 from tocsin.measure.cost import Pricing, billed_usage, transitions
 from tocsin.measure.demo import (
     PlannedTask,
@@ -46,7 +47,7 @@ from tocsin.measure.demo import (
     summarize,
 )
 from tocsin.measure.receiver import ReceiverProcess, allowing
-from tocsin.model import TaskStatus, TaskType
+from tocsin.model import TaskType
 from tocsin.settings import settings
 
 LOOKAHEAD_S = 20
@@ -111,7 +112,9 @@ def _store_for_finder(
     from tocsin.submit import new_item
 
     config, now = settings(), clock.now_ms()
-    _write_items(new_item(_body(task, url, pad), "bench", now, config) for task in planned)
+    _write_items(
+        placed_long_ago(new_item(_body(task, url, pad), "bench", now, config)) for task in planned
+    )
 
 
 def _write_items(items: Iterable[dict[str, Any]]) -> None:
@@ -129,16 +132,16 @@ def _write_items(items: Iterable[dict[str, Any]]) -> None:
 
 
 def _start_baseline(runtime: EmbeddedRuntime, planned: list[PlannedTask], url: str) -> None:
-    """Items as the finder leaves them (SCHEDULED), each with an execution of the baseline."""
+    """Items out of the dispatch index, each with an execution of the baseline."""
     from tocsin.submit import new_item
 
     sfn, config = aws.client("stepfunctions"), settings()
     table = aws.resource("dynamodb").Table(config.tasks_table)
     for task in planned:
         item = new_item(_body(task, url), "bench", clock.now_ms(), config)
-        item.pop("gsi_pk")
-        item.pop("gsi_due_ms")
-        table.put_item(Item={**item, "status": TaskStatus.SCHEDULED.value})
+        for key in ("gsi_pk", "gsi_due_ms", "placed_ms"):
+            item.pop(key)
+        table.put_item(Item=item)
         due = DueTask(task.due_ms, task.task_id, 1, TaskType.WEBHOOK)
         sfn.start_execution(
             stateMachineArn=runtime.state_machine_arn,
@@ -410,7 +413,7 @@ def _store_tasks(bench: Bench, label: str, due_times: list[int]) -> list[str]:
                 "type": "sns",
                 "target": {"topic_arn": "arn:aws:sns:us-east-1:123456789012:bench"},
             }
-            yield new_item(body, "bench", now, config)
+            yield placed_long_ago(new_item(body, "bench", now, config))
             if i % 500 == 0:
                 bench.progress.update(bar, completed=i)
 

@@ -28,17 +28,26 @@ from botocore.exceptions import ClientError, EndpointConnectionError
 from moto.core.exceptions import JsonRESTError
 
 from tocsin import aws, clock
-from tocsin.dispatch import execution_arn
+from tocsin.dispatch import Batch, due_task, execution_arn
 from tocsin.executor import TableUnavailable
+from tocsin.finder import HORIZON as FINDER_HORIZON
 from tocsin.local.dynamodb_process import Fault
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.local.server import api_event
+from tocsin.measure import placed_long_ago
 from tocsin.measure.receiver import WebhookReceiver, allowing
 from tocsin.sent import SentLog
 from tocsin.settings import settings
+from tocsin.store import HORIZONS_KEY
 
 LEAD_IN_MS = 6000  # tasks fall due from this far ahead, so every path has room to run
 EXECUTORS = "ExecutorFunction"
+
+
+def _tasks() -> list[dict[str, Any]]:
+    """Every task in the table (not the finder's and the reconciler's horizons)."""
+    items = boto3.resource("dynamodb").Table(settings().tasks_table).scan()["Items"]
+    return [item for item in items if item["task_id"] != HORIZONS_KEY["task_id"]]
 
 
 @dataclass
@@ -90,7 +99,7 @@ class Trial:
         plan = self.plan(count, prefix, spread_ms)
         for task_id, due_ms in plan:
             body = self.body(task_id, due_ms, path.format(id=task_id))
-            store.create(new_item(body, "chaos", now, settings()))
+            store.create(placed_long_ago(new_item(body, "chaos", now, settings())))
         return [task_id for task_id, _ in plan]
 
     def api(self, method: str, target: str, body: Any = None) -> tuple[int, Any]:
@@ -103,7 +112,9 @@ class Trial:
         self.runtime.stop()
         saved = json.loads(self.runtime.state_file.read_text())  # type: ignore[union-attr]
         self.notes["at_stop"] = dict(
-            Counter(item["status"]["S"] for item in saved["tables"]["TasksTable"])
+            Counter(
+                item["status"]["S"] for item in saved["tables"]["TasksTable"] if "status" in item
+            )
         )
         self.runtime = self.runtimes.enter_context(
             _runtime(self.runtime.state_file, self.receiver.url)
@@ -132,14 +143,13 @@ class Trial:
 
     def statuses(self) -> Counter[str]:
         """How many tasks are in each status now."""
-        items = boto3.resource("dynamodb").Table(settings().tasks_table).scan()["Items"]
-        return Counter(item["status"] for item in items)
+        return Counter(item["status"] for item in _tasks())
 
     def _running(self) -> bool:
         return any(e.status == "RUNNING" for e in self.runtime.executions())
 
     def judge(self) -> dict[str, int]:
-        items = boto3.resource("dynamodb").Table(settings().tasks_table).scan()["Items"]
+        items = _tasks()
         answered = [a for a in self.receiver.received() if 200 <= a.status < 300]
         delivered = Counter(a.idempotency_key for a in answered)
         first: dict[str, int] = {}
@@ -218,23 +228,29 @@ def _together(work: list[Callable[[], None]]) -> None:
         thread.join()
 
 
+FINDER_CRASHES = 3
+
+
 def finder_crash(trial: Trial, tasks: int) -> None:
-    """The finder dies after StartExecution and before the mark, on 30 % of the tasks."""
-    ids = trial.store(tasks, "crash")
-    doomed = set(trial.rng.sample(ids, max(1, len(ids) * 3 // 10)))
+    """The finder dies after its StartExecutions and before its horizon moves, three runs
+    in a row, with new tasks stored between them: each next run reads the same entries
+    again, packed the same or (with the newcomers) differently."""
+    crashes = [FINDER_CRASHES]
     client = aws.resource("dynamodb").meta.client
 
     def crash(params: dict[str, Any], **_: Any) -> None:
-        if params["Key"]["task_id"] in doomed and ":scheduled" in params.get(
-            "ExpressionAttributeValues", {}
-        ):
-            doomed.discard(params["Key"]["task_id"])
+        horizon = params.get("ExpressionAttributeNames", {}).get("#h") == FINDER_HORIZON
+        if params["Key"]["task_id"] == HORIZONS_KEY["task_id"] and horizon and crashes[0]:
+            crashes[0] -= 1
             raise EndpointConnectionError(endpoint_url="https://dynamodb")
 
     client.meta.events.register("before-parameter-build.dynamodb.UpdateItem", crash)
     trial.exits.callback(
         client.meta.events.unregister, "before-parameter-build.dynamodb.UpdateItem", crash
     )
+    for part in range(FINDER_CRASHES + 1):
+        trial.store(tasks // (FINDER_CRASHES + 1), f"crash{part}")
+        trial.finder_until_done(runs=1)
     trial.finder_until_done()
 
 
@@ -408,14 +424,20 @@ RACE_SPACING_MS = 25  # between the races' due times, on average: their API call
 
 def wake_ms(task_id: str, due_ms: int) -> int:
     """The wake time of the task's execution, read from its input: the claim follows it.
-    (A claim can come before the submit's mark: then the claim names it.)"""
+    The execution is the one its claim names, else the one its writer started (a batch of
+    its own)."""
     from tocsin.store import TaskStore
 
     item = TaskStore(settings().tasks_table).get(task_id) or {}
-    if "execution" not in item:  # not started (yet): the due time is the nearest guess
+    if not item:
         return due_ms
-    arn = execution_arn(settings().state_machine_arn, item["execution"])
-    given = json.loads(aws.client("stepfunctions").describe_execution(executionArn=arn)["input"])
+    name = item.get("execution") or Batch((due_task(item),)).execution_name
+    arn = execution_arn(settings().state_machine_arn, name)
+    sfn = aws.client("stepfunctions")
+    try:
+        given = json.loads(sfn.describe_execution(executionArn=arn)["input"])
+    except sfn.exceptions.ExecutionDoesNotExist:  # not started (yet): the nearest guess
+        return due_ms
     return clock.to_ms(datetime.fromisoformat(given["wake_at"]))
 
 
@@ -469,8 +491,8 @@ RESTART_SPREAD_MS = 20_000
 
 
 def restart(trial: Trial, tasks: int) -> None:
-    """The runtime stops mid-run, with tasks fired, in their gate (RUNNING), waiting
-    (SCHEDULED) and not yet found (PENDING), then starts again on the same state.
+    """The runtime stops mid-run, with tasks fired, in their gate (RUNNING), started and
+    waiting, and not yet found, then starts again on the same state.
 
     The stop lets invocations under way finish (as Lambda would), so the tasks then in
     their gates end SUCCEEDED; the dispatched tasks spread over RESTART_SPREAD_MS, well
