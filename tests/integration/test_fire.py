@@ -2,6 +2,7 @@
 
 import json
 import time
+from datetime import datetime, timedelta
 from http.server import BaseHTTPRequestHandler
 
 import boto3
@@ -21,6 +22,7 @@ from tests.conftest import (
 )
 from tests.integration.test_targets import EVENTS
 from tocsin import clock
+from tocsin.dispatch import execution_arn
 from tocsin.errors import Conflict
 from tocsin.index_keys import INDEX_LAG_MS
 from tocsin.settings import settings
@@ -222,3 +224,19 @@ def test_generated_scheduled_event_runs_the_finder_which_writes_only_its_horizon
     [horizons] = all_tasks()  # how far the finder and the reconciler have read
     assert horizons["task_id"] == HORIZONS_KEY["task_id"]
     assert set(horizons) == {"task_id", "finder_ms", "looked_ms"}
+
+
+def test_an_execution_wakes_at_its_wake_second_not_before(runtime, receiver):
+    """As on AWS, the Wait ends at the input's `wake_at` (moto's own ended up to a second
+    early, and the executor slept that much longer before its gate)."""
+    [task_id] = store_pending(receiver.url, 1, settings().lead_ms + 2500, "woken")
+    assert runtime.run_finder()["started"] == 1
+    wait_for_status(task_id, {"SUCCEEDED"})
+    sfn = boto3.client("stepfunctions")
+    arn = execution_arn(runtime.state_machine_arn, f"{task_id}-v1")
+    wake = datetime.fromisoformat(
+        json.loads(sfn.describe_execution(executionArn=arn)["input"])["wake_at"]
+    )
+    events = sfn.get_execution_history(executionArn=arn)["events"]
+    [woken] = [e["timestamp"] for e in events if e["type"] == "WaitStateExited"]
+    assert wake <= woken < wake + timedelta(seconds=1)
