@@ -83,7 +83,6 @@ PROCESS_ENVIRONMENT = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
     "AWS_SESSION_TOKEN": "testing",
-    "TZ": "UTC",  # moto's Wait compares with a naive local datetime.now()
     "POWERTOOLS_METRICS_DISABLED": "true",
     "POWERTOOLS_TRACE_DISABLED": "true",
     # botocore's own default: the one DynamoDB process queues answers under load for longer

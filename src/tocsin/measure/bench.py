@@ -38,7 +38,7 @@ from tocsin.dispatch import Batch, DueTask, attempt_limit_s, execution_arn, exec
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.local.server import api_event
 from tocsin.measure import placed_long_ago
-from tocsin.measure.cost import Pricing, billed_usage, transitions
+from tocsin.measure.cost import Pricing, Used, billed_usage, idle_finder_run, transitions
 from tocsin.measure.demo import (
     PlannedTask,
     lateness_values,
@@ -176,7 +176,9 @@ def timed_run(
             tables=bench.tables,
         ) as runtime,
     ):
+        idle = idle_finder_run(runtime) if cost else None
         before = runtime.footprint()  # the stack is up: from here on, the tasks' own work
+        usage_before, planning = Counter(runtime.usage), time.monotonic()
         planned, submit_s = plan(runtime, receiver.url)
         bar = bench.progress.add_task(label, total=len(planned))
         deadline = time.monotonic() + (planned[-1].due_ms - clock.now_ms()) / 1000 + GRACE_S
@@ -200,9 +202,11 @@ def timed_run(
             transitions_per_task=round(steps / len(planned), 3),
             submit_s=round(submit_s, 1),
         )
-        if cost:
-            usage = billed_usage(runtime, executions, requests, write_units, len(planned), cost)
-            figures["cost"] = usage
+        if cost and idle:
+            used = Used(
+                runtime.usage - usage_before, requests, write_units, time.monotonic() - planning
+            )
+            figures["cost"] = billed_usage(runtime, executions, used, len(planned), cost, idle)
     bench.progress.remove_task(bar)
     lateness = lateness_values(planned, arrivals)
     figures.update(

@@ -418,7 +418,7 @@ def webhook_faults(trial: Trial, tasks: int) -> None:
     trial.finder_until_done()
 
 
-RACE_WINDOW_MS = (-1500, 700)  # around the wake: moto's Wait ends up to 1 s before it
+RACE_WINDOW_MS = (-1500, 700)  # around the wake, which the claims follow
 RACE_SPACING_MS = 25  # between the races' due times, on average: their API calls keep pace
 
 

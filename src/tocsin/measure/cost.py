@@ -11,6 +11,7 @@ a read request is priced as one read unit, which holds for strongly consistent r
 up to 4 KB (reads are a few cents of a task's cost).
 """
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -32,9 +33,47 @@ READ_UNIT_HOUR = 0.00013
 SCHEDULER_PER_MILLION = 1.00
 # A deployed stack's lead (template.yaml's LeadMilliseconds): an executor invocation waits
 # through it before its first gate. The embedded runtime wakes earlier (its own lead, for
-# moto's early Waits): each executor invocation is priced as if it had woken at this one.
+# a shared machine's slower starts): each executor invocation is priced as if it had
+# woken at this one.
 AWS_LEAD_MS = 2000  # EventBridge Scheduler: $1.00 per million invocations, 60 s precision
+# A deployed stack's finder runs once a minute (template.yaml's FinderSchedule); the
+# embedded runtime's ticker runs every few seconds. What a run costs with nothing to do
+# (its queries, its horizons' writes, its time) is priced for a deployed stack's runs.
+AWS_FINDER_INTERVAL_S = 60
+FINDER = "FinderFunction"
 READS = {"GetItem", "Query", "Scan", "BatchGetItem", "TransactGetItems"}
+
+
+@dataclass(frozen=True)
+class IdleRun:
+    """What one finder run with nothing to do used: DynamoDB's requests and write units, and
+    its billed milliseconds; measured on the runtime (`idle_finder_run`)."""
+
+    requests: Counter[str]
+    write_units: Counter[str]
+    ms: float
+
+
+def idle_finder_run(runtime: Any) -> IdleRun:
+    """Run the finder on a stack with nothing due yet, and measure what a run costs alone
+    (a tick of the runtime's own finder may come in between: each is counted)."""
+    before, runs, ms = (
+        runtime.footprint(),
+        runtime.usage[FINDER, "invocations"],
+        runtime.usage[FINDER, "ms"],
+    )
+    runtime.run_finder()
+    after = runtime.footprint()
+    count = runtime.usage[FINDER, "invocations"] - runs
+    return IdleRun(
+        _per(after["dynamodb_requests"] - before["dynamodb_requests"], count),
+        _per(after["dynamodb_write_units"] - before["dynamodb_write_units"], count),
+        (runtime.usage[FINDER, "ms"] - ms) / count,
+    )
+
+
+def _per(counts: Counter[str], runs: int) -> Counter[str]:
+    return Counter({name: value / runs for name, value in counts.items()})
 
 
 @dataclass(frozen=True)
@@ -73,28 +112,56 @@ def transitions(execution_arn: str) -> int:
     return entered + kinds["TaskScheduled"] - kinds["TaskStateEntered"]
 
 
+@dataclass
+class Used:
+    """What a scenario used on the runtime: each function's invocations and billed
+    milliseconds (`(logical id, "invocations" | "ms")`), DynamoDB's requests by action
+    and its write units, and how long it took."""
+
+    usage: Counter[tuple[str, str]]
+    requests: Counter[str]
+    write_units: Counter[str]
+    wall_s: float
+
+    def at_finder_interval(self, idle: IdleRun) -> int:
+        """Leave out the finder runs a deployed stack would not make (one a minute, not one
+        every few seconds), each as much as a run with nothing to do; the runs left."""
+        runs = self.usage[FINDER, "invocations"]
+        priced = min(runs, math.ceil(self.wall_s / AWS_FINDER_INTERVAL_S))
+        extra = runs - priced
+        self.usage[FINDER, "invocations"] = priced
+        self.usage[FINDER, "ms"] = max(0, self.usage[FINDER, "ms"] - extra * idle.ms)
+        for counts, alone in ((self.requests, idle.requests), (self.write_units, idle.write_units)):
+            for name, value in alone.items():
+                counts[name] = max(0, counts[name] - extra * value)
+        return priced
+
+
 def billed_usage(
     runtime: Any,
     executions: list[Any],
-    requests: Counter[str],
-    write_units: Counter[str],
+    used: Used,
     tasks: int,
     pricing: Pricing,
+    idle: IdleRun,
 ) -> dict[str, Any]:
-    """Per task: each billed unit, and the dollars per million tasks it comes to."""
+    """Per task: each billed unit, and the dollars per million tasks it comes to, at a
+    deployed stack's lead and finder interval."""
+    finder_runs = used.usage[FINDER, "invocations"], used.at_finder_interval(idle)
+    requests, write_units = used.requests, used.write_units
     invocations = gb_seconds = gb_second_usd = 0.0
     longer_lead_ms = int(runtime.parameters["LeadMilliseconds"]) - AWS_LEAD_MS
-    for (logical_id, kind), value in runtime.usage.items():
+    for (logical_id, kind), value in used.usage.items():
         if kind == "invocations":
             invocations += value
         else:
             if logical_id.endswith("ExecutorFunction"):
-                waited = runtime.usage[logical_id, "invocations"] * longer_lead_ms
+                waited = used.usage[logical_id, "invocations"] * longer_lead_ms
                 value = max(0, value - waited)
             function = runtime.functions[logical_id]
-            used = value / 1000 * function.memory_mb / 1024
-            gb_seconds += used
-            gb_second_usd += used * GB_SECOND_PRICE[function.architecture]
+            gb = value / 1000 * function.memory_mb / 1024
+            gb_seconds += gb
+            gb_second_usd += gb * GB_SECOND_PRICE[function.architecture]
     totals = {
         "state_transitions": sum(transitions(e.execution_arn) for e in executions),
         "lambda_invocations": invocations,
@@ -102,7 +169,7 @@ def billed_usage(
         "dynamodb_write_units": write_units["table"],
         "dynamodb_index_write_units": write_units["index"],
         "dynamodb_reads": sum(requests[action] for action in READS),
-        "api_requests": runtime.usage["ApiFunction", "invocations"],
+        "api_requests": used.usage["ApiFunction", "invocations"],
     }
     per_task = {unit: value / tasks for unit, value in totals.items()}
     prices = pricing.unit_prices() | {"lambda_gb_seconds": gb_second_usd / max(gb_seconds, 1e-9)}
@@ -110,6 +177,8 @@ def billed_usage(
     return {
         "billing": pricing.label(),
         "priced_at_lead_ms": AWS_LEAD_MS,
+        "priced_at_finder_interval_s": AWS_FINDER_INTERVAL_S,
+        "finder_runs": {"here": finder_runs[0], "priced": finder_runs[1]},
         "per_task": {unit: round(value, 3) for unit, value in per_task.items()},
         # the table's and each index's (`index:<name>`), as DynamoDB Local bills them
         "write_units_per_task": {
