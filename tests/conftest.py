@@ -249,7 +249,10 @@ def serve(*arguments: str) -> tuple[subprocess.Popen, str]:
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert server.stdout is not None
-    listening = re.match(r"Tocsin API on (http://\S+) ", server.stdout.readline())
+    line = server.stdout.readline()
+    while line.startswith("{"):  # a log line first: a restart's reconciler, say
+        line = server.stdout.readline()
+    listening = re.match(r"Tocsin API on (http://\S+) ", line)
     assert listening, "tocsin serve did not say where it listens"
     return server, listening[1]
 

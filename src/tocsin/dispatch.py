@@ -11,6 +11,7 @@ decides which execution fires a task, not the name.
 
 import hashlib
 import json
+import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +22,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from tocsin import aws, clock
-from tocsin.index_keys import INDEX_LAG_MS, check_keys, writers_own
+from tocsin.index_keys import INDEX_LAG_MS, check_keys
 from tocsin.model import TaskType
 from tocsin.observability import logger
 from tocsin.settings import Settings
@@ -107,8 +108,8 @@ def pack(tasks: list[DueTask], window_ms: int, batch_size: int) -> list[Batch]:
 class Outcome(StrEnum):
     STARTED = "started"
     ALREADY_STARTED = "already_started"
-    # The batch's name was an execution's that had ended (it never settled these tasks: a
-    # crash between start and mark, say): started again under a new name.
+    # The batch's name was an execution's that had ended without settling these tasks (an
+    # operator's stop, say): started again under a new name.
     RENAMED = "renamed"
     CLOSED = "closed"  # that ended execution, before the tasks are renamed (not reported)
     THROTTLED = "throttled"
@@ -253,10 +254,13 @@ def start(batch: Batch, settings: Settings, stagger_s: int = 0) -> tuple[Outcome
         return Outcome.STARTED, arn
     except sfn.exceptions.ExecutionAlreadyExists:
         # Taken by a running execution (one started before, its input since restaggered), or
-        # by one that has ended: then marking its tasks would leave them for the reconciler.
+        # by one that has ended without settling them: then they start again, renamed.
         arn = execution_arn(settings.state_machine_arn, batch.execution_name)
-        return (Outcome.CLOSED, None) if _ended(sfn, arn) else (Outcome.ALREADY_STARTED, arn)
-    except Exception as error:  # the tasks stay PENDING: the next finder run tries again
+        ended = _ended(sfn, arn)
+        if ended is None:  # not known: tried again, as a start that failed
+            return Outcome.FAILED, None
+        return (Outcome.CLOSED, None) if ended else (Outcome.ALREADY_STARTED, arn)
+    except Exception as error:  # left for the next finder run or the reconciler's look
         outcome = Outcome.THROTTLED if aws.is_transient(error) else Outcome.FAILED
         logger.warning(
             "start failed",
@@ -267,14 +271,13 @@ def start(batch: Batch, settings: Settings, stagger_s: int = 0) -> tuple[Outcome
         return outcome, None
 
 
-def _ended(sfn: Any, arn: str) -> bool:
-    """Whether DescribeExecution says the execution has ended (a refusal says no: its
-    tasks are marked, and the reconciler looks at them if it has)."""
+def _ended(sfn: Any, arn: str) -> bool | None:
+    """Whether DescribeExecution says the execution has ended (None: it refused to say)."""
     try:
         return bool(sfn.describe_execution(executionArn=arn)["status"] != "RUNNING")
     except (BotoCoreError, ClientError) as fault:
         logger.warning("execution not described", error=aws.error_code(fault))
-        return False
+        return None
 
 
 def renamed(store: TaskStore, batch: Batch) -> Batch:
@@ -318,16 +321,25 @@ class DispatchReport:
 
 def dispatch_all(tasks: list[DueTask], settings: Settings, deadline: float) -> DispatchReport:
     """Pack, then dispatch earliest first, in parallel, until `deadline` (a time.monotonic()
-    value); batches due together wake staggered."""
+    value); batches due together wake staggered.
+
+    Once a start is throttled past botocore's retries, the run starts no more: the finder's
+    next run reads again from the first task not started, and every batch started after
+    it is started again then (the same name: no second execution, but a call of the same
+    quota), so the fewer of those, the sooner the rest starts."""
     store = TaskStore(settings.tasks_table)
     batches = pack(tasks, settings.batch_window_ms, settings.batch_size)
     stagger = staggers(batches, settings, clock.now_ms())
 
+    spent = threading.Event()  # StartExecution's quota, past botocore's retries
+
     def one(batch: Batch) -> Outcome:
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or spent.is_set():
             return Outcome.DEFERRED
         stagger_s = stagger[batch]
         outcome, arn = start(batch, settings, stagger_s)
+        if outcome is Outcome.THROTTLED:
+            spent.set()
         if outcome is Outcome.CLOSED:
             batch = renamed(store, batch)
             if not batch.tasks:  # none still PENDING: what changed them settles them
@@ -359,14 +371,11 @@ def due_task(item: dict[str, Any]) -> DueTask:
     )
 
 
-def writer_starts(item: dict[str, Any], settings: Settings) -> bool:
-    """Whether a just-placed PENDING task is its writer's to start (`index_keys.writers_own`)."""
-    return writers_own(int(item["due_ms"]), int(item["placed_ms"]), settings)
-
-
-def maybe_started(item: dict[str, Any], settings: Settings) -> bool:
-    """Whether a task could have an execution already: due within the look-ahead (and the
-    index's lag) of now, where its writer or the finder starts it."""
+def due_soon(item: dict[str, Any], settings: Settings) -> bool:
+    """Whether a task is due within the look-ahead (and the index's lag) of now: its writer
+    starts it, since the finder may not see it in time, and it may have an execution
+    already. Every task its writer owns (`index_keys.writers_own`) is, as is one whose put
+    took so long that a finder run may have read past it meanwhile."""
     horizon = clock.now_ms() + settings.lookahead_s * 1000 + INDEX_LAG_MS
     return due_task(item).due_ms <= horizon
 
@@ -374,14 +383,12 @@ def maybe_started(item: dict[str, Any], settings: Settings) -> bool:
 def dispatch_if_due_soon(
     item: dict[str, Any], settings: Settings, store: TaskStore
 ) -> dict[str, Any]:
-    """Start a just-placed PENDING task now if it is its writer's to start (due before the
-    finder's next run would see it: `index_keys.writers_own`), as a batch of its own; the
-    task, as stored.
-
-    A start that fails puts the task in a check shard, where the reconciler's next look
-    starts it."""
+    """Start a just-placed PENDING task now if it is due soon (`due_soon`), as a batch of
+    its own; the task, as stored. A start that fails puts the task in a check shard, where
+    the reconciler's next look starts it. Started twice (a retried request), it is the
+    same execution: its name and input are the task's."""
     task = due_task(item)
-    if not writer_starts(item, settings):
+    if not due_soon(item, settings):
         return item
     _, arn = start(Batch((task,)), settings)
     if arn is None:
@@ -401,7 +408,7 @@ def stop_own_execution(item: dict[str, Any], reason: str, settings: Settings) ->
     """Stop the execution of a task that changed, if the task may have one of its own; a
     shared execution goes on for the rest of its batch, and its claim of this task fails
     anyway. Best effort: an execution that never started or already finished is harmless."""
-    if not maybe_started(item, settings):
+    if not due_soon(item, settings):
         return
     arn = execution_arn(settings.state_machine_arn, Batch((due_task(item),)).execution_name)
     try:

@@ -27,7 +27,7 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from botocore.exceptions import BotoCoreError, ClientError
 
 from tocsin import aws, clock
-from tocsin.dispatch import dispatch_all, due_task, look_again_now, writer_starts
+from tocsin.dispatch import dispatch_all, due_soon, due_task, look_again_now
 from tocsin.errors import InvalidTask, TaskError
 from tocsin.model import owner_id
 from tocsin.observability import logger
@@ -97,7 +97,7 @@ def submit_batch(event: dict[str, Any], context: Any) -> dict[str, Any]:
             _reject(record, error)
             return
         logger.info("submitted", task_id=submitted.task["id"], new=submitted.created)
-        if submitted.item is not None and writer_starts(submitted.item, config):
+        if submitted.item is not None and due_soon(submitted.item, config):
             stored_due.append(due_task(submitted.item))
 
     reply = process_partial_response(event, submit_record, processor, context)

@@ -1,6 +1,7 @@
 """Where a task sits in the dispatch index (`DispatchIndex`, sparse, sharded).
 
-A task is put in a due shard (`"0"` … `"S-1"`) at its due time and stays there: its
+A task is put in a due shard (`"0"` … `"S-1"`) at its due time (or its placing, if
+that is later) and stays there: its
 claim and its final mark do not touch the entry (each move of an entry is two index
 writes), and TTL deletes it with the task. Who starts it depends on when it was placed
 there (`placed_ms`): a task due within the look-ahead of that moment is started by its
@@ -37,10 +38,12 @@ def shard_of(task_id: str, shards: int) -> int:
 
 
 def due_index_keys(task_id: str, due_ms: int, config: Settings, now_ms: int) -> dict[str, Any]:
-    """The keys that put a task in the due shards, placed now."""
+    """The keys that put a task in the due shards, placed now: at its due time, or at now
+    if that has passed (a redrive, a late submission, a catch-up), where the reconciler's
+    horizon has not yet gone."""
     return {
         "gsi_pk": str(shard_of(task_id, config.shards)),
-        "gsi_due_ms": due_ms,
+        "gsi_due_ms": max(due_ms, now_ms),
         "placed_ms": now_ms,
     }
 

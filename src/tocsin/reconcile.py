@@ -48,6 +48,7 @@ from tocsin import aws, clock
 from tocsin.batch_read import BATCH_GET_MAX
 from tocsin.dead_letter import send_letter
 from tocsin.dispatch import dispatch_all, due_task, execution_arn
+from tocsin.errors import Busy
 from tocsin.index_keys import LOOK_AFTER_MS, check_keys, check_shard, owed_letter_keys
 from tocsin.model import TaskStatus
 from tocsin.observability import logger
@@ -241,7 +242,7 @@ def reconcile(config: Settings, until_ms: int, deadline: float | None = None) ->
         after = band_end - FIRST_LOOK_BACK_MS if horizon is None else horizon
         looked = _look_at_due(store, config, (after, band_end), now_ms, run, report)
         store.advance_horizon(HORIZON, looked)
-    except (BotoCoreError, ClientError) as fault:  # a shard's read refused
+    except (BotoCoreError, ClientError, Busy) as fault:  # a shard's read refused or throttled
         report.cut_short = True
         logger.warning("reconciler stopped: the rest waits for the next run", fault=repr(fault))
     return report
@@ -264,18 +265,30 @@ def _look_at_due(
     settled yet, earliest first; the due time up to which every one has had its look."""
     looked = band[1]
     for entries in _due_entries(store, config, *band):
+        if run.out_of_time():
+            _cut_short(report)
+            return min(looked, int(entries[0]["gsi_due_ms"]) - 1)
         statuses = store.statuses([entry["task_id"] for entry in entries])
         for entry in entries:
             due = int(entry["gsi_due_ms"])
-            status, version = statuses.get(entry["task_id"], (None, None))
-            if status is None or status in SETTLED or version != int(entry["version"]):
-                continue  # gone, settled, or changed (a new version has an entry of its own)
+            if _settled(statuses.get(entry["task_id"]), int(entry["version"])):
+                continue
             if run.out_of_time():
                 _cut_short(report)
                 return min(looked, due - 1)
             if _settle_entry(store, entry, config, now_ms, run, report) is Reconciled.FAULT:
                 looked = min(looked, due - 1)
     return looked
+
+
+def _settled(read: tuple[str, int] | None, version: int) -> bool:
+    """Whether an eventually consistent read shows the entry's task settled, or a later
+    version (with an entry of its own); a read that shows nothing or an earlier version
+    may be stale, and the closer look reads the task again, consistently."""
+    if read is None:
+        return False
+    status, read_version = read
+    return read_version > version or (read_version == version and status in SETTLED)
 
 
 def _due_entries(

@@ -97,7 +97,10 @@ class TaskStore:
         self, shard: str, until_ms: int, after_ms: int | None = None
     ) -> Iterator[dict[str, Any]]:
         """The dispatch index's entries of one shard after `after_ms` (if given) up to
-        `until_ms`, earliest first, all pages."""
+        `until_ms`, earliest first, all pages (none when the range is empty: DynamoDB
+        refuses a BETWEEN whose bounds are the wrong way round)."""
+        if after_ms is not None and after_ms >= until_ms:
+            return
         if after_ms is None:
             key, values = "gsi_due_ms <= :until", {":until": until_ms}
         else:
@@ -138,15 +141,6 @@ class TaskStore:
                 ExpressionAttributeNames={"#h": name},
                 ExpressionAttributeValues={":to": to_ms},
             )
-
-    def set_horizon(self, name: str, to_ms: int) -> None:
-        """Put a horizon back (a restart whose executions died must read again from there)."""
-        self._table.update_item(
-            Key=HORIZONS_KEY,
-            UpdateExpression="SET #h = :to",
-            ExpressionAttributeNames={"#h": name},
-            ExpressionAttributeValues={":to": to_ms},
-        )
 
     def owned(
         self,

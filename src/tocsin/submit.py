@@ -23,7 +23,6 @@ from pydantic import (
 )
 
 from tocsin import clock
-from tocsin.bodies import CONTENT
 from tocsin.dispatch import dispatch_if_due_soon
 from tocsin.errors import Conflict, InvalidTask, TaskError
 from tocsin.index_keys import due_index_keys
@@ -102,7 +101,9 @@ class Submission(Timing):
 class Submitted:
     task: dict[str, Any]
     created: bool
-    item: dict[str, Any] | None = None  # the stored item, when this submission created it
+    # the stored item while it is PENDING: a retried submission starts it again too, in
+    # case the first one stored it and died before its start
+    item: dict[str, Any] | None = None
 
 
 def invalid(
@@ -208,8 +209,11 @@ def submit_task(
     if existing is not None:
         if existing.get("body_hash") != item["body_hash"]:
             raise Conflict(f"id: task {item['task_id']!r} exists with another body", "id")
-        return Submitted(task_view(store.whole([existing])[0]), created=False)
-    if dispatch:  # the task as stored after its mark, with the body this request holds
-        content = {name: item[name] for name in CONTENT}
-        item = {**dispatch_if_due_soon(item, config, store), **content}
+        [stored] = store.whole([existing])
+        pending = stored if stored["status"] == TaskStatus.PENDING else None
+        if pending is not None and dispatch:
+            dispatch_if_due_soon(pending, config, store)
+        return Submitted(task_view(stored), created=False, item=pending)
+    if dispatch:
+        dispatch_if_due_soon(item, config, store)
     return Submitted(task_view(item), created=True, item=item)

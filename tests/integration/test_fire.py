@@ -26,8 +26,8 @@ from tocsin.dispatch import execution_arn
 from tocsin.errors import Conflict
 from tocsin.index_keys import INDEX_LAG_MS
 from tocsin.settings import settings
-from tocsin.store import HORIZONS_KEY
-from tocsin.submit import submit_task
+from tocsin.store import HORIZONS_KEY, TaskStore
+from tocsin.submit import new_item, submit_task
 
 
 def test_webhook_fires_once_at_due_time_with_payload_and_signature(runtime, receiver):
@@ -240,3 +240,17 @@ def test_an_execution_wakes_at_its_wake_second_not_before(runtime, receiver):
     events = sfn.get_execution_history(executionArn=arn)["events"]
     [woken] = [e["timestamp"] for e in events if e["type"] == "WaitStateExited"]
     assert wake <= woken < wake + timedelta(seconds=1)
+
+
+def test_a_retried_submission_starts_a_task_its_first_try_stored_and_did_not_start(
+    runtime, receiver
+):
+    """The first request stored the task and died before its start: the retry (the same
+    body, 200) starts it, the one execution its name allows."""
+    body = webhook_task(receiver.url, clock.now_ms() + 10_000, "retried")
+    TaskStore(settings().tasks_table).create(new_item(body, "alice", clock.now_ms(), settings()))
+    assert list(runtime.executions()) == []
+    assert not submit_task(body, owner="alice").created
+    assert [e.name for e in runtime.executions()] == ["retried-v1"]
+    assert not submit_task(body, owner="alice").created  # again: the same execution
+    assert [e.name for e in runtime.executions()] == ["retried-v1"]

@@ -21,12 +21,16 @@ from tests.conftest import (
     store_pending,
     stored,
     wait_for_status,
+    webhook_task,
 )
 from tocsin import aws, clock
 from tocsin.dispatch import execution_arn
+from tocsin.finder import HORIZON
 from tocsin.index_keys import LETTER_GRACE_MS, LOOK_AFTER_MS
 from tocsin.reconcile import CHECK_AGAIN_MS, MAX_REQUEUES, reconcile
 from tocsin.settings import settings
+from tocsin.store import TaskStore
+from tocsin.submit import new_item
 
 GONE = "gone"  # an execution that has ended (its name, as a task records it)
 
@@ -250,3 +254,29 @@ def test_tasks_failed_as_stuck_during_an_sqs_outage_try_one_letter_and_owe_the_r
     assert sorted(str(o) for _, o in report.tasks) == ["failed_stuck", "failed_stuck"]
     assert len(refused) == 1  # the first refusal stops the run's letters
     assert all(stored(t)["gsi_pk"].startswith("check-") for t in ids)  # both letters owed
+
+
+def test_a_task_placed_past_its_due_time_whose_writer_died_is_started_late(runtime, receiver):
+    """A late submission (or a redrive, or a catch-up) sits in the index at its placing, not
+    at its due time, which the reconciler's horizon has already passed: a writer that died
+    between its put and its start leaves it for the reconciler's look all the same."""
+    reconcile(settings(), clock.now_ms())  # the reconciler has read up to 2 minutes ago
+    due = clock.now_ms() - LOOK_AFTER_MS - 60_000  # refused only past MaxOverdueSeconds
+    body = webhook_task(receiver.url, due, "placed-late")
+    TaskStore(settings().tasks_table).create(new_item(body, "alice", clock.now_ms(), settings()))
+    assert reconcile(settings(), clock.now_ms()).tasks == []  # placed now: not yet
+    report = reconcile(settings(), clock.now_ms() + LOOK_AFTER_MS + 1)
+    assert [(t, str(o)) for t, o in report.tasks] == [("placed-late", "started_late")]
+    wait_for_status("placed-late", {"SUCCEEDED"})
+    assert [a.task_id for a in receiver.received()] == ["placed-late"]
+
+
+def test_a_finder_whose_horizon_is_past_its_look_ahead_reads_nothing(runtime, receiver):
+    """A look-ahead lowered since the last run (or a run that began before another one
+    moved the horizon): the range is empty (DynamoDB refuses a BETWEEN the wrong way
+    round), and the horizon stays where it is."""
+    store = TaskStore(settings().tasks_table)
+    ahead = clock.now_ms() + settings().lookahead_s * 1000 + 60_000
+    store.advance_horizon(HORIZON, ahead)
+    assert runtime.run_finder()["found"] == 0
+    assert store.horizon(HORIZON) == ahead

@@ -1,6 +1,6 @@
 """`tocsin bench`'s aws-burst: can 50,000 tasks due in one second fire on time on AWS?
 
-The real finder (query, pack, stagger, start, mark) dispatches the tasks from the local
+The real finder (query, pack, stagger, start) dispatches the tasks from the local
 table, with StartExecution answered by a stand-in that keeps AWS's quota. No execution
 runs: what the executions would then ask of AWS is computed from what the finder
 started, second by second, against AWS's quotas in the largest regions:
@@ -10,8 +10,7 @@ started, second by second, against AWS's quotas in the largest regions:
 * Lambda: a woken batch holds one executor environment from its wake to its last gate,
   within the account's 1,000 (and `ConcurrencyBudget`), and one function adds at most
   1,000 environments every 10 seconds;
-* DynamoDB: the finder's marks, then at each wake the executor's claims, one write a task,
-  against what a new
+* DynamoDB: at each wake the executor's claims, one write a task, against what a new
   on-demand table sustains, 4,000 writes a second, or the warm throughput it was given.
 
 The laptop's own speed enters only through when the finder started each batch, which is
@@ -101,17 +100,12 @@ def judge(
         peak_concurrency <= min(concurrency_budget, ACCOUNT_CONCURRENCY)
         and new_in_10_s <= SCALING_PER_10_S
     )
-    # Writes on the Tasks table, first come first served: each task's mark when its batch
-    # started, then its claim when the batch wakes.
-    writes = sorted(
-        [(b.started_s, "mark", i) for i, b in enumerate(ordered) for _ in range(b.tasks)]
-        + [(woken[i], "claim", i) for i, b in enumerate(ordered) for _ in range(b.tasks)]
-    )
-    written = through_bucket([at for at, _, _ in writes], writes_per_second, writes_per_second)
+    # The claims on the Tasks table, first come first served, when each batch wakes.
+    writes = sorted((woken[i], i) for i, b in enumerate(ordered) for _ in range(b.tasks))
+    written = through_bucket([at for at, _ in writes], writes_per_second, writes_per_second)
     claimed_by: dict[int, float] = {}
-    for (_, kind, i), at in zip(writes, written, strict=True):
-        if kind == "claim":
-            claimed_by[i] = max(claimed_by.get(i, 0.0), at)
+    for (_, i), at in zip(writes, written, strict=True):
+        claimed_by[i] = max(claimed_by.get(i, 0.0), at)
     claim_margins = [b.first_due_s - claimed_by[i] for i, b in enumerate(ordered)]
     woken_in_time = [
         b.started_s <= b.wake_s and woken[i] < b.first_due_s for i, b in enumerate(ordered)
