@@ -380,20 +380,17 @@ def due_soon(item: dict[str, Any], settings: Settings) -> bool:
     return due_task(item).due_ms <= horizon
 
 
-def dispatch_if_due_soon(
-    item: dict[str, Any], settings: Settings, store: TaskStore
-) -> dict[str, Any]:
+def dispatch_if_due_soon(item: dict[str, Any], settings: Settings) -> None:
     """Start a just-placed PENDING task now if it is due soon (`due_soon`), as a batch of
-    its own; the task, as stored. A start that fails puts the task in a check shard, where
-    the reconciler's next look starts it. Started twice (a retried request), it is the
-    same execution: its name and input are the task's."""
-    task = due_task(item)
+    its own. A start that fails puts the task in a check shard, where the reconciler's
+    next look starts it. Started twice (a retried request), it is the same execution: its
+    name and input are the task's."""
     if not due_soon(item, settings):
-        return item
+        return
+    task = due_task(item)
     _, arn = start(Batch((task,)), settings)
     if arn is None:
         look_again_now((task,), settings)
-    return item
 
 
 def look_again_now(tasks: tuple[DueTask, ...], settings: Settings) -> None:

@@ -55,8 +55,16 @@ def writers_own(due_ms: int, placed_ms: int, config: Settings) -> bool:
     return due_ms <= placed_ms + config.lookahead_s * 1000 + INDEX_LAG_MS
 
 
+CHECK_SHARD = "check-"
+
+
 def check_shard(shard: int) -> str:
-    return f"check-{shard}"
+    return f"{CHECK_SHARD}{shard}"
+
+
+def in_check_shard(item: dict[str, Any]) -> bool:
+    """Whether a task waits in a check shard for a look (not at its due time)."""
+    return str(item.get("gsi_pk", "")).startswith(CHECK_SHARD)
 
 
 def check_keys(task_id: str, look_ms: int, config: Settings) -> dict[str, Any]:

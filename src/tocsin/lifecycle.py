@@ -179,4 +179,5 @@ def reschedule_task(task_id: str, body: Any, owner: str, config: Settings) -> di
     if item is None:
         raise _unchangeable(store, task_id, owner, "rescheduled")
     stop_own_execution(current, "rescheduled", config)
-    return task_view(_with_body(dispatch_if_due_soon(item, config, store), nxt))
+    dispatch_if_due_soon(item, config)
+    return task_view(_with_body(item, nxt))

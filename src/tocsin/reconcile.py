@@ -49,7 +49,13 @@ from tocsin.batch_read import BATCH_GET_MAX
 from tocsin.dead_letter import send_letter
 from tocsin.dispatch import dispatch_all, due_task, execution_arn
 from tocsin.errors import Busy
-from tocsin.index_keys import LOOK_AFTER_MS, check_keys, check_shard, owed_letter_keys
+from tocsin.index_keys import (
+    LOOK_AFTER_MS,
+    check_keys,
+    check_shard,
+    in_check_shard,
+    owed_letter_keys,
+)
 from tocsin.model import TaskStatus
 from tocsin.observability import logger
 from tocsin.settings import Settings
@@ -153,14 +159,20 @@ class RunState:
         return time.monotonic() >= self.deadline
 
 
+def _once_settled(item: dict[str, Any], now_ms: int, config: Settings) -> dict[str, Any]:
+    """The check shard keys of a task started now (or at its due time, if later): looked at
+    again once its execution should have settled it."""
+    look_ms = max(int(item["due_ms"]), now_ms) + LOOK_AFTER_MS
+    return check_keys(item["task_id"], look_ms, config)
+
+
 def _start_late(
     store: TaskStore, item: dict[str, Any], config: Settings, now_ms: int, run: RunState
 ) -> Reconciled:
     """Start a PENDING task nobody started, after putting it in a check shard for a look
     once its execution should have settled it (or, if the start fails, at that time)."""
     task = due_task(item)
-    look = check_keys(task.task_id, max(task.due_ms, now_ms) + LOOK_AFTER_MS, config)
-    store.look_again(task.task_id, task.version, look)
+    store.look_again(task.task_id, task.version, _once_settled(item, now_ms, config))
     started = not dispatch_all([task], config, run.deadline).left
     return Reconciled.STARTED_LATE if started else Reconciled.FAULT
 
@@ -179,7 +191,7 @@ def _settle(
         return Reconciled.STILL_RUNNING
     requeues = int(item.get("requeues", 0))
     if requeues < MAX_REQUEUES:
-        look = check_keys(task_id, max(int(item["due_ms"]), now_ms) + LOOK_AFTER_MS, config)
+        look = _once_settled(item, now_ms, config)
         requeued = store.requeue(task_id, version, requeues, look, clock.to_iso(now_ms))
         if requeued is None:
             return Reconciled.CHANGED
@@ -346,7 +358,7 @@ def _reconcile_one(
         return None  # changed since the index was read
     status = item["status"]
     if status in (TaskStatus.SUCCEEDED, TaskStatus.CANCELLED):
-        if item.get("gsi_pk", "").startswith("check-"):  # no more looks needed
+        if in_check_shard(item):  # no more looks needed
             store.forget(item["task_id"], int(item["version"]))
         return None
     if status == TaskStatus.FAILED and run.letters.refused:

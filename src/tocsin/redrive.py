@@ -119,5 +119,5 @@ def _redrive_one(
     )  # fmt: skip
     if redriven is None:
         return "changed"
-    dispatch_if_due_soon(redriven, config, store)
+    dispatch_if_due_soon(redriven, config)
     return "redriven"

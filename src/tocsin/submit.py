@@ -212,8 +212,8 @@ def submit_task(
         [stored] = store.whole([existing])
         pending = stored if stored["status"] == TaskStatus.PENDING else None
         if pending is not None and dispatch:
-            dispatch_if_due_soon(pending, config, store)
+            dispatch_if_due_soon(pending, config)
         return Submitted(task_view(stored), created=False, item=pending)
     if dispatch:
-        dispatch_if_due_soon(item, config, store)
+        dispatch_if_due_soon(item, config)
     return Submitted(task_view(item), created=True, item=item)

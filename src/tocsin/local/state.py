@@ -17,7 +17,7 @@ import boto3
 
 from tocsin import clock
 from tocsin.finder import HORIZON
-from tocsin.index_keys import check_keys, writers_own
+from tocsin.index_keys import check_keys, in_check_shard, writers_own
 from tocsin.model import TaskStatus
 from tocsin.reconcile import Reconciled, reconcile
 from tocsin.settings import Settings, settings
@@ -99,8 +99,7 @@ def _maybe_held(item: dict[str, Any], finder_horizon: int, config: Settings) -> 
     if item.get("status") != TaskStatus.PENDING or "gsi_pk" not in item:
         return False
     due, placed = int(item["due_ms"]), int(item.get("placed_ms", 0))
-    looked_for = str(item["gsi_pk"]).startswith("check-")
-    return looked_for or due <= finder_horizon or writers_own(due, placed, config)
+    return in_check_shard(item) or due <= finder_horizon or writers_own(due, placed, config)
 
 
 def load(path: Path) -> dict[str, Any] | None:
