@@ -12,7 +12,7 @@ import base64
 import json
 import re
 from http import HTTPStatus
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
@@ -21,7 +21,15 @@ from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 
 from tocsin.api_models import ErrorReply, SchedulePage, ScheduleView, TaskPage, TaskView, Upcoming
 from tocsin.errors import TaskError, Unauthenticated
-from tocsin.lifecycle import MAX_PAGE, Change, cancel_task, get_task, list_tasks, reschedule_task
+from tocsin.lifecycle import (
+    MAX_PAGE,
+    Change,
+    cancel_task,
+    get_task,
+    list_tasks,
+    reschedule_task,
+    retry_task,
+)
 from tocsin.model import SCHEDULE_ID_PATTERN, TASK_ID_PATTERN, TaskStatus, owner_id
 from tocsin.observability import logger
 from tocsin.recurrence import MAX_UPCOMING
@@ -47,8 +55,8 @@ REFUSALS = {
     HTTPStatus.BAD_REQUEST: "invalid input, the field named",
     HTTPStatus.UNAUTHORIZED: "no IAM identity",
     HTTPStatus.NOT_FOUND: "no such task or schedule for this caller, or no such route",
-    HTTPStatus.CONFLICT: "the id is taken by another body, the task is claimed already, or "
-    "the schedule changed meanwhile",
+    HTTPStatus.CONFLICT: "the id is taken by another body, the task is claimed already (or, "
+    "to retry, not FAILED), or the schedule changed meanwhile",
     HTTPStatus.UNSUPPORTED_MEDIA_TYPE: "a body that is not JSON (Content-Type: application/json)",
     HTTPStatus.SERVICE_UNAVAILABLE: "DynamoDB throttled the read: send the same request again",
 }
@@ -94,7 +102,7 @@ def submit(submission: Annotated[Submission, Body()]) -> Response[TaskView]:
 
 @app.get(
     "/tasks",
-    summary="Your tasks, earliest due first, a page at a time",
+    summary="Your tasks, earliest (or latest) due first, a page at a time",
     responses=_replies({200: ("one page", TaskPage)}, 400, 401, 503),
 )
 def list_(
@@ -106,6 +114,9 @@ def list_(
     due_after: Annotated[str | None, Query(description="ISO-8601, with a zone")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
     next: Annotated[str | None, Query(description="from the previous page")] = None,
+    order: Annotated[
+        Literal["asc", "desc"], Query(description="asc: earliest due first; desc: latest first")
+    ] = "asc",
 ) -> Response[TaskPage]:
     query = app.current_event.query_string_parameters or {}  # all of it: unknown names refused
     return _reply(HTTPStatus.OK, list_tasks(query, _caller(), settings()))
@@ -139,6 +150,17 @@ def cancel(id: TaskId) -> Response[TaskView]:
 def reschedule(id: TaskId, change: Annotated[Change, Body()]) -> Response[TaskView]:
     task = reschedule_task(id, change, _caller(), settings())
     logger.info("rescheduled", task_id=id, version=task["version"])
+    return _reply(HTTPStatus.OK, task)
+
+
+@app.post(
+    "/tasks/<id>/retry",
+    summary="Fire a FAILED task again, as its next version (its attempts start over)",
+    responses=_replies({200: ("retried", TaskView)}, 400, 401, 404, 409),
+)
+def retry(id: TaskId) -> Response[TaskView]:
+    task = retry_task(id, _caller(), settings())
+    logger.info("retried", task_id=id, version=task["version"])
     return _reply(HTTPStatus.OK, task)
 
 
@@ -248,6 +270,7 @@ JSON_KINDS = {
 METHODS = {
     re.compile(r"/tasks"): "GET, POST",
     re.compile(r"/tasks/[^/]+"): "DELETE, GET, PATCH",
+    re.compile(r"/tasks/[^/]+/retry"): "POST",
     re.compile(r"/schedules"): "GET, POST",
     re.compile(r"/schedules/[^/]+"): "DELETE, GET, PATCH",
     re.compile(r"/schedules/[^/]+/upcoming"): "GET",

@@ -140,6 +140,33 @@ def _schedule_path(schedule_id: str) -> str:
     return f"/schedules/{quote(schedule_id, safe='')}"
 
 
+def signer_for(url: str, region: str | None = None, session: Any = None) -> Any:
+    """SigV4 for execute-api with boto3's usual credentials; the region from an
+    execute-api URL when not given, else the session's."""
+    import boto3
+    from botocore.auth import SigV4Auth
+
+    session = session or boto3.Session()
+    parts = (urlsplit(url).hostname or "").split(".")
+    if region is None and len(parts) > 3 and parts[1] == "execute-api":
+        region = parts[2]
+    credentials = session.get_credentials()
+    if credentials is None:
+        raise NotAuthorized(401, "no_credentials", "no AWS credentials found to sign with")
+    return SigV4Auth(credentials, "execute-api", region or session.region_name)
+
+
+def signed_headers(
+    signer: Any, method: str, url: str, data: bytes | None, headers: dict[str, str]
+) -> dict[str, str]:
+    """`headers` and the signature of the request (Authorization, X-Amz-Date, ...)."""
+    from botocore.awsrequest import AWSRequest
+
+    request = AWSRequest(method=method, url=url, data=data, headers=headers)
+    signer.add_auth(request)
+    return dict(request.headers.items())
+
+
 class Client:
     def __init__(
         self,
@@ -153,21 +180,7 @@ class Client:
         self.url = url.rstrip("/")
         self.principal = principal
         self._http = urllib3.PoolManager(retries=RETRY, timeout=timeout_s)
-        self._signer = None if principal else self._make_signer(region, session)
-
-    def _make_signer(self, region: str | None, session: Any) -> Any:
-        import boto3
-        from botocore.auth import SigV4Auth
-
-        session = session or boto3.Session()
-        host = urlsplit(self.url).hostname or ""
-        parts = host.split(".")
-        if region is None and len(parts) > 3 and parts[1] == "execute-api":
-            region = parts[2]
-        credentials = session.get_credentials()
-        if credentials is None:
-            raise NotAuthorized(401, "no_credentials", "no AWS credentials found to sign with")
-        return SigV4Auth(credentials, "execute-api", region or session.region_name)
+        self._signer = None if principal else signer_for(self.url, region, session)
 
     # -- the endpoints ---------------------------------------------------------------------
 
@@ -201,9 +214,12 @@ class Client:
         due_after: datetime | str | None = None,
         limit: int | None = None,
         next: str | None = None,
+        order: str | None = None,
     ) -> TaskPage:
-        """One page of the caller's tasks (or one schedule's occurrences), earliest due first."""
+        """One page of the caller's tasks (or one schedule's occurrences), earliest due
+        first (`order="desc"`: latest first)."""
         query = {"status": status, "schedule": schedule, "limit": limit, "next": next}
+        query["order"] = order
         query |= {
             "due_before": _when(due_before) if due_before is not None else None,
             "due_after": _when(due_after) if due_after is not None else None,
@@ -222,6 +238,10 @@ class Client:
 
     def cancel(self, task_id: str) -> Task:
         return Task.model_validate(self._call("DELETE", f"/tasks/{quote(task_id, safe='')}"))
+
+    def retry(self, task_id: str) -> Task:
+        """Fire a FAILED task again, as its next version."""
+        return Task.model_validate(self._call("POST", f"/tasks/{quote(task_id, safe='')}/retry"))
 
     def reschedule(
         self,
@@ -300,11 +320,7 @@ class Client:
             headers["X-Tocsin-Principal"] = self.principal
         url = self.url + target
         if self._signer is not None:
-            from botocore.awsrequest import AWSRequest
-
-            request = AWSRequest(method=method, url=url, data=data, headers=headers)
-            self._signer.add_auth(request)
-            headers = dict(request.headers.items())
+            headers = signed_headers(self._signer, method, url, data, headers)
         reply = self._http.request(method, url, body=data, headers=headers)
         try:
             decoded = json.loads(reply.data or b"null")

@@ -10,7 +10,7 @@ import binascii
 import json
 import re
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
@@ -26,6 +26,7 @@ from tocsin.model import (
     task_summary,
     task_view,
 )
+from tocsin.redrive import redrive_failed
 from tocsin.settings import Settings
 from tocsin.store import OWNER_INDEX_KEY, SCHEDULE_INDEX_KEY, TaskStore
 from tocsin.submit import Timing, invalid, payload_json
@@ -47,6 +48,7 @@ class Listing(BaseModel):
     limit: int = Field(default=50, ge=1, le=MAX_PAGE)
     schedule: str | None = Field(default=None, pattern=SCHEDULE_ID_PATTERN)
     next: str | None = Field(default=None, max_length=2048)
+    order: Literal["asc", "desc"] = "asc"
 
 
 class Change(Timing):
@@ -107,7 +109,8 @@ def decode_page_key(
 
 
 def list_tasks(query: dict[str, str], owner: str, config: Settings) -> dict[str, Any]:
-    """One page of the owner's tasks, earliest due first; `next` fetches the following page."""
+    """One page of the owner's tasks, earliest due first (`order=desc`: latest first);
+    `next` fetches the following page."""
     try:
         listing = Listing.model_validate(query)
     except ValidationError as error:
@@ -119,7 +122,14 @@ def list_tasks(query: dict[str, str], owner: str, config: Settings) -> dict[str,
     names = SCHEDULE_INDEX_KEY if listing.schedule else OWNER_INDEX_KEY
     start = decode_page_key(listing.next, owner, names) if listing.next else None
     items, last = TaskStore(config.tasks_table).owned(
-        owner, after, before, listing.status, listing.limit, start, listing.schedule
+        owner,
+        after,
+        before,
+        listing.status,
+        listing.limit,
+        start,
+        listing.schedule,
+        latest_first=listing.order == "desc",
     )
     tasks, size = [], 0
     for item in items:
@@ -148,6 +158,20 @@ def cancel_task(task_id: str, owner: str, config: Settings) -> dict[str, Any]:
         raise _unchangeable(store, task_id, owner, "cancelled")
     stop_own_execution(item, "cancelled", config)
     return task_view(store.whole([item])[0])
+
+
+def retry_task(task_id: str, owner: str, config: Settings) -> dict[str, Any]:
+    """A FAILED task again, as its next version, fired at once: what `tocsin redrive` does
+    for an operator, done by the task's owner."""
+    store = TaskStore(config.tasks_table)
+    item = _owned(store, task_id, owner)
+    if item["status"] != TaskStatus.FAILED:
+        message = f"id: task {task_id!r} is {item['status']}, only a FAILED one is retried"
+        raise Conflict(message, "id")
+    retried = redrive_failed(store, item, config)
+    if retried is None:
+        raise _unchangeable(store, task_id, owner, "retried")
+    return task_view(store.whole([retried])[0])
 
 
 def reschedule_task(task_id: str, body: Any, owner: str, config: Settings) -> dict[str, Any]:

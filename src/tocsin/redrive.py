@@ -112,12 +112,18 @@ def _redrive_one(
         return "changed"
     if dry_run:
         return "would redrive"
+    return "changed" if redrive_failed(store, item, config) is None else "redriven"
+
+
+def redrive_failed(
+    store: TaskStore, item: dict[str, Any], config: Settings
+) -> dict[str, Any] | None:
+    """A FAILED task (`item`, as read) back to PENDING as its next version, started at once
+    (its due time has passed); the task as it is now, or None if it changed meanwhile."""
     now = clock.now_ms()
-    redriven = store.redrive(
-        task_id, version, due_index_keys(task_id, int(item["due_ms"]), config, now),
-        clock.to_iso(now),
-    )  # fmt: skip
-    if redriven is None:
-        return "changed"
-    dispatch_if_due_soon(redriven, config)
-    return "redriven"
+    task_id, version = item["task_id"], int(item["version"])
+    keys = due_index_keys(task_id, int(item["due_ms"]), config, now)
+    redriven = store.redrive(task_id, version, keys, clock.to_iso(now))
+    if redriven is not None:
+        dispatch_if_due_soon(redriven, config)
+    return redriven

@@ -151,9 +151,11 @@ class TaskStore:
         limit: int,
         start: dict[str, Any] | None,
         schedule: str | None = None,
+        latest_first: bool = False,
     ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """Up to `limit` of one owner's tasks (or one schedule's occurrences), earliest due
-        first (strict bounds), and the key to resume from (None when there are no more)."""
+        first or latest first (strict bounds), and the key to resume from (None when there
+        are no more)."""
         low = None if due_after_ms is None else due_after_ms + 1
         high = None if due_before_ms is None else due_before_ms - 1
         values: dict[str, Any] = {}
@@ -176,6 +178,7 @@ class TaskStore:
             "ExpressionAttributeValues": values,
             # a status filter may skip most entries: read as many as one BatchGetItem takes
             "Limit": limit if status is None else BATCH_GET_MAX,
+            "ScanIndexForward": not latest_first,
         }
         if schedule is None:
             query["ExpressionAttributeNames"] = {"#o": "owner"}

@@ -229,6 +229,17 @@ def test_list_pages_through_the_callers_tasks_earliest_first_with_filters(runtim
     _, between = call_api(runtime, "GET", window.replace("+", "%2B"))
     assert [t["id"] for t in between["tasks"]] == ["t-4", "t-3", "t-2"]
 
+    latest, token = [], None  # latest due first, page after page, with a filter
+    while True:
+        query = "/tasks?order=desc&status=PENDING&limit=4" + (f"&next={token}" if token else "")
+        _, page = call_api(runtime, "GET", query)
+        latest += [t["id"] for t in page["tasks"]]
+        if not (token := page["next"]):
+            break
+    assert latest == ["t-0", "t-1", "t-2", "t-4", "t-5", "t-6"]
+    status, refused = call_api(runtime, "GET", "/tasks?order=newest")
+    assert status == 400 and refused["error"]["field"] == "order"
+
 
 def test_a_page_token_is_bound_to_its_owner(runtime):
     for i in range(3):

@@ -6,7 +6,7 @@ from unittest import mock
 import boto3
 import pytest
 
-from tests.conftest import store_task, stored, wait_for_status, webhook_task
+from tests.conftest import call_api, store_task, stored, wait_for_status, webhook_task
 from tocsin import clock
 from tocsin.cli import main
 from tocsin.executor import TableUnavailable
@@ -44,6 +44,22 @@ def test_a_redriven_task_fires_as_its_next_version(runtime, receiver):
     assert [a.idempotency_key for a in receiver.received()] == ["broken:1", "broken:2"]
     assert dead_letters(runtime) == 0
     assert redrive(runtime.dead_letter_queue_url, settings()).tasks == []
+
+
+def test_the_owner_retries_a_failed_task_through_the_api_and_only_a_failed_one(runtime, receiver):
+    failed_task(runtime, receiver, "mine")
+    receiver.status_for["/mine"] = 200
+    status, refused = call_api(runtime, "POST", "/tasks/mine/retry", principal="bob")
+    assert status == 404 and stored("mine")["status"] == "FAILED"  # not bob's to retry
+
+    status, task = call_api(runtime, "POST", "/tasks/mine/retry", principal="alice")
+    assert status == 200 and task["version"] == 2 and task["attempts"] == 0
+    item = wait_for_status("mine", {"SUCCEEDED"})
+    assert int(item["version"]) == 2
+    assert [a.idempotency_key for a in receiver.received()] == ["mine:1", "mine:2"]
+    status, refused = call_api(runtime, "POST", "/tasks/mine/retry", principal="alice")
+    assert status == 409 and refused["error"]["field"] == "id"
+    assert "SUCCEEDED" in refused["error"]["message"]
 
 
 def test_cli_dry_run_reports_and_changes_nothing_then_redrives(runtime, receiver, capsys):
