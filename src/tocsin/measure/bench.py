@@ -39,6 +39,7 @@ from tocsin.dispatch import Batch, DueTask, attempt_limit_s, execution_arn, exec
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.local.server import api_event
 from tocsin.measure import placed_long_ago
+from tocsin.measure.console_load import console_load
 from tocsin.measure.cost import Pricing, Used, billed_usage, idle_finder_run, transitions
 from tocsin.measure.demo import (
     PlannedTask,
@@ -607,6 +608,7 @@ STRETCH = {  # by name only: not in "all"
     "burst-1000": lambda bench: burst(bench, 1000),
     "burst-5000": lambda bench: burst(bench, 5000),
     "aws-burst": aws_burst,
+    "console": console_load,  # needs Chromium
 }
 
 
@@ -709,7 +711,7 @@ def print_report(results: dict[str, Any], console: Any) -> None:
                 f"{name}: {compared}the embedded runtime's capacity is about {capacity:.0f} "
                 "tasks per CPU-second (its two processes together)"
             )
-    for name in ("finder-scale", "throttled", "aws-burst"):
+    for name in ("finder-scale", "throttled", "aws-burst", "console"):
         if name in results:
             table = Table("measure", "value", title=name)
             for key, value in results[name].items():

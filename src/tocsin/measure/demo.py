@@ -14,6 +14,7 @@ from rich.table import Table
 
 from tocsin import clock
 from tocsin.local.runtime import EmbeddedRuntime
+from tocsin.local.server import serving
 from tocsin.measure.receiver import Arrival, WebhookReceiver, allowing
 from tocsin.submit import submit_task
 
@@ -81,6 +82,9 @@ def progress_bars(console: Console, label_width: int = 10, transient: bool = Fal
     )
 
 
+OWNER = "demo"  # whose tasks the demo submits, and whom its console acts as
+
+
 @dataclass(frozen=True)
 class DemoOptions:
     tasks: int = 200
@@ -103,8 +107,10 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
             finder_interval_s=options.finder_interval_s,
             tables=options.tables,
         ) as runtime,
+        serving(runtime, principal=OWNER) as url,
         progress_bars(console) as bar,
     ):
+        console.print(f"Watch them in the console while the demo runs: {url}/")
         start = clock.now_ms() + START_DELAY_MS + SUBMIT_ALLOWANCE_MS * tasks
         offsets = sorted(rng.randint(0, int(options.spread_s * 1000)) for _ in range(tasks))
         planned = [PlannedTask(f"demo-{i:05d}", start + offset) for i, offset in enumerate(offsets)]
@@ -119,7 +125,7 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
                     "target": {"url": f"{receiver.url}/demo"},
                     "payload": {"task": task.task_id, "due_at": clock.to_iso(task.due_ms)},
                 },
-                owner="demo",
+                owner=OWNER,
             )
             left_for_finder += submitted.task["status"] == "PENDING"
             bar.advance(submitting)

@@ -1,0 +1,290 @@
+"""The console in a real Chromium (Debian's, driven by Playwright), against `tocsin serve`'s
+server over the embedded runtime, and `tocsin console`'s against a stand-in for a deployed
+API that checks each call's SigV4 signature as API Gateway's IAM authorizer would.
+
+Set TOCSIN_CONSOLE_SHOTS to a folder (docs/ for the README's) to keep each view's screenshot.
+"""
+
+import os
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any
+
+import pytest
+import urllib3
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+from playwright.sync_api import expect
+
+from tests.conftest import call_api, http_server, stored, wait_for_status, webhook_task
+from tocsin import clock
+from tocsin.client import Client
+from tocsin.console.guard import COOKIE
+from tocsin.console.remote import signed_upstream
+from tocsin.console.server import serving_console
+from tocsin.local.server import api_event, serving
+from tocsin.measure.console_load import FLAGS as CHROMIUM_FLAGS
+from tocsin.measure.console_load import chromium
+
+CHROMIUM = chromium()
+pytestmark = [
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="no Chromium: `apt-get install -y chromium` (Debian, Ubuntu), or TOCSIN_CHROMIUM",
+    ),
+    pytest.mark.any_python,  # the browser sees the same page whichever Python serves it
+]
+FLAGS = [*CHROMIUM_FLAGS, "--host-resolver-rules=MAP rebound.test 127.0.0.1"]  # a rebinding
+SHOTS = os.environ.get("TOCSIN_CONSOLE_SHOTS")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A page that fails the test on a script error or a refused resource (the CSP)."""
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = context.new_page()
+    problems: list[str] = []
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    # a refused request is logged as a failed load: a test looks at what the page showed
+    page.on(
+        "console",
+        lambda m: (
+            m.type == "error"
+            and not m.text.startswith("Failed to load resource")
+            and problems.append(m.text)
+        ),
+    )
+    yield page
+    context.close()
+    assert problems == []
+
+
+@pytest.fixture
+def console(runtime: Any) -> Iterator[str]:
+    with serving(runtime, principal="alice") as url:
+        yield url
+
+
+def shot(page: Any, name: str) -> None:
+    if SHOTS:
+        page.screenshot(path=str(Path(SHOTS) / f"console-{name}.png"))
+
+
+def rows(page: Any) -> list[str]:
+    return page.locator("#view tbody tr td:first-child").all_inner_texts()
+
+
+def test_tasks_appear_in_upcoming_in_due_order_then_fire_into_recent_with_lateness(
+    console, page, runtime, receiver
+):
+    now = clock.now_ms()
+    for task_id, due_in_s in (("third", 240), ("first", 10), ("second", 120)):
+        body = webhook_task(f"{receiver.url}/{task_id}", now + due_in_s * 1000, task_id)
+        assert call_api(runtime, "POST", "/tasks", body)[0] == 201
+    call_api(runtime, "POST", "/tasks", webhook_task(receiver.url, now + 60_000, "bobs"), "bob")
+
+    page.goto(console)
+    expect(page.locator("#view tbody tr")).to_have_count(3)
+    assert rows(page) == ["first", "second", "third"]  # bob's task is not alice's to see
+    assert page.locator("svg circle").count() == 3 and "acting as alice" in page.inner_text(
+        "#session"
+    )
+    shot(page, "upcoming")
+
+    wait_for_status("first", {"SUCCEEDED"})
+    expect(page.locator("#view tbody tr")).to_have_count(2)  # it left Upcoming
+    page.click("nav >> text=Recent")
+    row = page.locator("#view tbody tr", has_text="first")
+    row.wait_for()
+    lateness = int(stored("first")["lateness_ms"])
+    assert f"{lateness} ms" in row.inner_text() and "SUCCEEDED" in row.inner_text()
+    assert page.inner_text("#early").startswith("early: 0")
+    shot(page, "recent")
+
+
+def test_a_task_cancelled_from_its_page_is_cancelled_through_the_api(console, page, runtime):
+    call_api(
+        runtime,
+        "POST",
+        "/tasks",
+        webhook_task("https://example.com/h", clock.now_ms() + 600_000, "later"),
+    )
+    page.goto(f"{console}/#/task/later")
+    page.locator("#status", has_text="PENDING").wait_for()
+    shot(page, "task")
+    page.click("button[name=cancel]")
+    page.locator("#status", has_text="CANCELLED").wait_for()
+    assert call_api(runtime, "GET", "/tasks/later")[1]["status"] == "CANCELLED"
+
+
+def test_a_refused_reschedule_shows_the_apis_own_error(console, page, runtime):
+    call_api(
+        runtime,
+        "POST",
+        "/tasks",
+        webhook_task("https://example.com/h", clock.now_ms() + 600_000, "moved"),
+    )
+    page.goto(f"{console}/#/task/moved")
+    page.locator("#status", has_text="PENDING").wait_for()
+    page.fill("input[name=due]", "2001-01-01T00:00:00Z")
+    page.click("button[name=reschedule]")
+    error = page.locator("#error")
+    error.wait_for()
+    _, refused = call_api(runtime, "PATCH", "/tasks/moved", {"due_at": "2001-01-01T00:00:00Z"})
+    assert refused["error"]["message"] in error.inner_text() and "400" in error.inner_text()
+    assert call_api(runtime, "GET", "/tasks/moved")[1]["version"] == 1  # nothing changed
+
+    page.fill("input[name=due]", "+300s")
+    page.click("button[name=reschedule]")
+    page.wait_for_selector("#error", state="hidden")
+    assert call_api(runtime, "GET", "/tasks/moved")[1]["version"] == 2
+
+
+def occurrences(runtime: Any, schedule_id: str) -> list[str]:
+    """The ids of the tasks a schedule has made."""
+    _, page = call_api(runtime, "GET", f"/tasks?schedule={schedule_id}")
+    return [task["id"] for task in page["tasks"]]
+
+
+def test_a_schedule_paused_from_its_page_stops_making_occurrences(console, page, runtime):
+    spec = {"id": "every", "expression": "rate(1 minute)", "type": "webhook"}
+    spec |= {"target": {"url": "https://example.com/h"}}
+    assert call_api(runtime, "POST", "/schedules", spec)[0] == 201
+    page.goto(f"{console}/#/schedule/every")
+    page.locator("#state", has_text="ENABLED").wait_for()
+    assert page.locator("#view ol li").count() == 10  # the next ten fire times
+    shot(page, "schedule")
+    page.click("button[name=toggle]")
+    page.locator("#state", has_text="PAUSED").wait_for()
+    assert call_api(runtime, "GET", "/schedules/every")[1]["state"] == "PAUSED"
+    before = occurrences(runtime, "every")
+    runtime.run_finder()  # a paused schedule makes no occurrence (one made before may fire)
+    assert occurrences(runtime, "every") == before
+    page.click("nav >> text=Schedules")
+    page.locator("#view tbody tr", has_text="PAUSED").wait_for()
+    shot(page, "schedules")
+
+
+def test_a_failed_task_is_retried_from_the_failed_view(console, page, runtime, receiver):
+    receiver.status_for["/broken"] = 410
+    body = webhook_task(f"{receiver.url}/broken", clock.now_ms() + 500, "broken")
+    call_api(runtime, "POST", "/tasks", body)
+    wait_for_status("broken", {"FAILED"})
+    receiver.status_for["/broken"] = 200
+    page.goto(f"{console}/#/failed")
+    page.locator("#view tbody tr", has_text="broken").wait_for()
+    shot(page, "failed")
+    page.click("button[data-retry=broken]")
+    item = wait_for_status("broken", {"SUCCEEDED"})
+    assert int(item["version"]) == 2
+
+
+def test_a_foreign_host_or_origin_is_refused(console, page):
+    port = console.rsplit(":", 1)[1]
+    assert page.goto(f"http://rebound.test:{port}/").status == 421  # rebinding: Host refused
+    http = urllib3.PoolManager()
+    foreign = http.request(
+        "POST", f"{console}/tasks", body=b"{}", headers={"Origin": "http://evil.test"}
+    )
+    assert foreign.status == 403  # a cross-site write never reaches the API
+    assert http.request("GET", f"{console}/tasks", headers={"Origin": console}).status == 200
+
+
+KEYS = {"AKIDALICE": "alice", "AKIDBOB": "bob"}  # access key -> principal, as IAM knows them
+SECRET = "not-a-real-secret"
+
+
+@pytest.fixture
+def deployed_api(runtime: Any) -> Iterator[str]:
+    """The runtime's API behind a stand-in for API Gateway's IAM auth: a call whose SigV4
+    signature does not verify gets 403; a signed one runs as the key's principal."""
+
+    class IamAuthorizer(BaseHTTPRequestHandler):
+        def _handle(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            principal = self._verified(body)
+            if principal is None:
+                self._send(403, b'{"message":"Forbidden"}')
+                return
+            text = body.decode() if body else None
+            event = api_event(self.command, self.path, text, principal, dict(self.headers.items()))
+            reply = runtime.invoke("ApiFunction", event)
+            self._send(int(reply["statusCode"]), (reply.get("body") or "").encode())
+
+        def _verified(self, body: bytes | None) -> str | None:
+            """The principal of the key that signed the request, if its signature is the
+            one the key's secret gives for the request as received (None: refused)."""
+            given = self.headers.get("Authorization", "")
+            key = given.partition("Credential=")[2].partition("/")[0]
+            names = given.partition("SignedHeaders=")[2].partition(",")[0].split(";")
+            if key not in KEYS or "host" not in names:
+                return None
+            headers = {n: v for n, v in self.headers.items() if n.lower() in names}
+            url = f"http://{self.headers['Host']}{self.path}"
+            received = AWSRequest(method=self.command, url=url, data=body, headers=headers)
+            received.context["timestamp"] = self.headers.get("X-Amz-Date", "")
+            signer = SigV4Auth(Credentials(key, SECRET), "execute-api", "us-east-1")
+            text = signer.string_to_sign(received, signer.canonical_request(received))
+            expected = signer.signature(text, received)
+            return KEYS[key] if given.endswith(f"Signature={expected}") else None
+
+        def _send(self, status: int, raw: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        do_GET = do_POST = do_PATCH = do_DELETE = _handle
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    with http_server(IamAuthorizer) as url:
+        yield url
+
+
+def test_the_console_against_a_stack_signs_each_call_and_asks_for_its_token(
+    deployed_api, runtime, page, monkeypatch
+):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDALICE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    due = clock.now_ms() + 600_000
+    call_api(runtime, "POST", "/tasks", webhook_task("https://example.com/h", due, "alices"))
+    call_api(runtime, "POST", "/tasks", webhook_task("https://example.com/h", due, "bobs"), "bob")
+    unsigned = urllib3.PoolManager().request("GET", f"{deployed_api}/tasks")
+    assert unsigned.status == 403  # the stand-in refuses what is not signed
+
+    upstream = signed_upstream(deployed_api, region="us-east-1")
+    session = {"principal": "alice (AKIDALICE)", "api": deployed_api}
+    with serving_console(upstream, session, token="the-token") as url:
+        base = url.partition("/?")[0]
+        assert page.goto(base).status == 401  # without its token
+        page.goto(url)
+        assert page.url == f"{base}/"  # the token left the address bar for a cookie
+        cookie = {c["name"]: c for c in page.context.cookies()}[COOKIE]
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        page.goto(f"{base}/#/task/alices")
+        page.locator("#status", has_text="PENDING").wait_for()
+        page.click("button[name=cancel]")
+        page.locator("#status", has_text="CANCELLED").wait_for()
+        page.goto(f"{base}/#/upcoming?window=3600")
+        page.locator("#upcoming-summary", has_text="0 tasks").wait_for()
+        assert "alices" not in page.inner_text("#view") and "bobs" not in page.inner_text("#view")
+    assert stored("alices")["status"] == "CANCELLED" and stored("bobs")["status"] == "PENDING"
+    # the page's client, as a program would use it, sees the same through the stand-in
+    assert [t.id for t in Client(deployed_api, region="us-east-1").list().tasks] == ["alices"]
