@@ -114,15 +114,16 @@ def test_tasks_appear_in_upcoming_in_due_order_then_fire_into_recent_with_latene
     shot(page, "recent")
 
 
-def test_a_task_cancelled_from_its_page_is_cancelled_through_the_api(console, page, runtime):
-    call_api(
-        runtime,
-        "POST",
-        "/tasks",
-        webhook_task("https://example.com/h", clock.now_ms() + 600_000, "later"),
-    )
-    page.goto(f"{console}/#/task/later")
+def open_later_task(console: str, page: Any, runtime: Any, task_id: str) -> None:
+    """A task due in ten minutes, submitted through the API, open on its page."""
+    body = webhook_task("https://example.com/h", clock.now_ms() + 600_000, task_id)
+    assert call_api(runtime, "POST", "/tasks", body)[0] == 201
+    page.goto(f"{console}/#/task/{task_id}")
     page.locator("#status", has_text="PENDING").wait_for()
+
+
+def test_a_task_cancelled_from_its_page_is_cancelled_through_the_api(console, page, runtime):
+    open_later_task(console, page, runtime, "later")
     shot(page, "task")
     page.click("button[name=cancel]")
     page.locator("#status", has_text="CANCELLED").wait_for()
@@ -130,14 +131,7 @@ def test_a_task_cancelled_from_its_page_is_cancelled_through_the_api(console, pa
 
 
 def test_a_refused_reschedule_shows_the_apis_own_error(console, page, runtime):
-    call_api(
-        runtime,
-        "POST",
-        "/tasks",
-        webhook_task("https://example.com/h", clock.now_ms() + 600_000, "moved"),
-    )
-    page.goto(f"{console}/#/task/moved")
-    page.locator("#status", has_text="PENDING").wait_for()
+    open_later_task(console, page, runtime, "moved")
     page.fill("input[name=due]", "2001-01-01T00:00:00Z")
     page.click("button[name=reschedule]")
     error = page.locator("#error")
