@@ -22,7 +22,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from tocsin import aws, clock
-from tocsin.index_keys import INDEX_LAG_MS, check_keys
+from tocsin.index_keys import check_keys, writers_own
 from tocsin.model import TaskType
 from tocsin.observability import logger
 from tocsin.settings import Settings
@@ -375,9 +375,9 @@ def due_soon(item: dict[str, Any], settings: Settings) -> bool:
     """Whether a task is due within the look-ahead (and the index's lag) of now: its writer
     starts it, since the finder may not see it in time, and it may have an execution
     already. Every task its writer owns (`index_keys.writers_own`) is, as is one whose put
-    took so long that a finder run may have read past it meanwhile."""
-    horizon = clock.now_ms() + settings.lookahead_s * 1000 + INDEX_LAG_MS
-    return due_task(item).due_ms <= horizon
+    took so long that a finder run may have read past it meanwhile: the same test, as of
+    now rather than of its placing."""
+    return writers_own(due_task(item).due_ms, clock.now_ms(), settings)
 
 
 def dispatch_if_due_soon(item: dict[str, Any], settings: Settings) -> None:

@@ -227,7 +227,6 @@ def claim_batch(
     """Claim every task of the batch at once: the ones this invocation holds now, and the
     ids a live invocation of this execution holds (`DeliveryInProgress`). If a claim cannot
     be written, the tasks claimed are let go before `TableUnavailable` is raised."""
-    settings()
 
     def claim(asked: BatchTask) -> Claim:
         return written(

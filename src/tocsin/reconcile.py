@@ -166,6 +166,16 @@ def _once_settled(item: dict[str, Any], now_ms: int, config: Settings) -> dict[s
     return check_keys(item["task_id"], look_ms, config)
 
 
+def _look_again_later(
+    store: TaskStore, item: dict[str, Any], now_ms: int, config: Settings
+) -> None:
+    """Look at a task again CHECK_AGAIN_MS from now: its execution still runs, or SQS
+    refused its dead letter."""
+    task_id = item["task_id"]
+    keys = check_keys(task_id, now_ms + CHECK_AGAIN_MS, config)
+    store.look_again(task_id, int(item["version"]), keys)
+
+
 def _start_late(
     store: TaskStore, item: dict[str, Any], config: Settings, now_ms: int, run: RunState
 ) -> Reconciled:
@@ -187,7 +197,7 @@ def _settle(
     task_id, version = item["task_id"], int(item["version"])
     execution = _held_by(item, config)
     if execution and run.executions.running(execution):
-        store.look_again(task_id, version, check_keys(task_id, now_ms + CHECK_AGAIN_MS, config))
+        _look_again_later(store, item, now_ms, config)
         return Reconciled.STILL_RUNNING
     requeues = int(item.get("requeues", 0))
     if requeues < MAX_REQUEUES:
@@ -228,10 +238,7 @@ def _send_owed_letter(
     execution = _held_by(item, config) or ""
     if letters.send(store, item, execution, json.loads(item["error"])):
         return Reconciled.LETTER_SENT
-    task_id = item["task_id"]
-    store.look_again(
-        task_id, int(item["version"]), check_keys(task_id, now_ms + CHECK_AGAIN_MS, config)
-    )
+    _look_again_later(store, item, now_ms, config)
     return Reconciled.LETTER_OWED
 
 
