@@ -158,7 +158,7 @@ def test_a_schedule_paused_from_its_page_stops_making_occurrences(console, page,
     assert call_api(runtime, "POST", "/schedules", spec)[0] == 201
     page.goto(f"{console}/#/schedule/every")
     page.locator("#state", has_text="ENABLED").wait_for()
-    assert page.locator("#view ol li").count() == 10  # the next ten fire times
+    expect(page.locator("#view ol li")).to_have_count(10)  # the next ten fire times
     shot(page, "schedule")
     page.click("button[name=toggle]")
     page.locator("#state", has_text="PAUSED").wait_for()

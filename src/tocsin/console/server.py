@@ -50,8 +50,10 @@ def asset(name: str) -> bytes:
     return resources.files("tocsin.console").joinpath("assets", name).read_bytes()
 
 
-def json_reply(status: int, body: dict[str, Any]) -> Reply:
-    return Reply(status, "application/json", json.dumps(body).encode())
+def json_reply(
+    status: int, body: dict[str, Any], headers: tuple[tuple[str, str], ...] = ()
+) -> Reply:
+    return Reply(status, "application/json", json.dumps(body).encode(), headers)
 
 
 class ConsoleHandler(BaseHTTPRequestHandler):
@@ -66,10 +68,8 @@ class ConsoleHandler(BaseHTTPRequestHandler):
     def _handle(self) -> None:
         headers = {name.lower(): value for name, value in self.headers.items()}
         refusal = self.guard.refusal(headers, self.path)
-        if refusal is not None:  # its body unread: the connection ends with the reply
-            self.close_connection = True
-            body = json.dumps({"message": refusal.message}).encode()
-            self._reply(Reply(refusal.status, "application/json", body, (("Connection", "close"),)))
+        if refusal is not None:
+            self._refuse(refusal.status, {"message": refusal.message})
             return
         path = urlsplit(self.path).path
         if self.command == "GET" and path == "/" and self.guard.admits(self.path):
@@ -90,8 +90,7 @@ class ConsoleHandler(BaseHTTPRequestHandler):
     def _forward(self, headers: dict[str, str]) -> None:
         length = int(headers.get("content-length") or 0)
         if length > MAX_BODY_BYTES:
-            self.close_connection = True
-            self._reply(json_reply(413, {"error": {"code": "too_large", "message": "over 10 MB"}}))
+            self._refuse(413, {"error": {"code": "too_large", "message": "over 10 MB"}})
             return
         body = self.rfile.read(length) if length else None
         try:
@@ -100,6 +99,12 @@ class ConsoleHandler(BaseHTTPRequestHandler):
             log.exception("the API failed on %s %s", self.command, self.path)
             reply = json_reply(500, {"message": "Internal Server Error"})
         self._reply(reply)
+
+    def _refuse(self, status: int, body: dict[str, Any]) -> None:
+        """Refuse a request whose body is left unread: the connection ends with the reply,
+        else the body would be read as the next request."""
+        self.close_connection = True
+        self._reply(json_reply(status, body, (("Connection", "close"),)))
 
     def _reply(self, reply: Reply) -> None:
         self.send_response(reply.status)

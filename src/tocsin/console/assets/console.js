@@ -11,10 +11,6 @@ const SCHEDULES_EVERY_MS = 15000; // schedules' next occurrences change slowly
 const MOST_ROWS = 200;
 const FAILED_PAGE = 25;
 const TYPES = ["webhook", "lambda", "eventbridge", "sqs", "sns", "email"];
-const COLOURS = {
-  webhook: "#2b59c3", lambda: "#e07a10", eventbridge: "#7a3fc2",
-  sqs: "#0e9384", sns: "#c11574", email: "#667085",
-};
 const WINDOWS = [["5 min", 300], ["1 h", 3600], ["6 h", 21600], ["24 h", 86400]];
 const MASKED = /secret|token|password|authorization|signature|api[-_]?key/i;
 const SVG_NS = "http://www.w3.org/2000/svg";
@@ -220,14 +216,14 @@ function timeline(span, tasks, occurrences, nowLine) {
     const title = s("title", {}, `${group.ids.length} ${group.type} due ${iso(group.at)}: ` +
       group.ids.slice(0, 5).join(", ") + (group.ids.length > 5 ? ", ..." : ""));
     const mark = s("circle", { cx: x, cy: y, r: group.ids.length > 1 ? 6 : 4,
-      fill: COLOURS[group.type], "data-task": group.ids[0] }, title);
+      class: `due type-${group.type}`, "data-task": group.ids[0] }, title);
     svg.append(mark);
     if (group.ids.length > 1) svg.append(s("text", { x: x + 8, y: y + 4 }, `×${group.ids.length}`));
   }
   for (const occurrence of occurrences) {
     const type = occurrence.schedule.type;
-    svg.append(s("circle", { cx: span.x(occurrence.at), cy: lanes[type], r: 4, fill: "none",
-      stroke: COLOURS[type] }, s("title", {}, `${occurrence.schedule.id} ${iso(occurrence.at)}`)));
+    svg.append(s("circle", { cx: span.x(occurrence.at), cy: lanes[type], r: 4,
+      class: `occurrence type-${type}` }, s("title", {}, `${occurrence.schedule.id} ${iso(occurrence.at)}`)));
   }
   svg.append(nowLine);
   return svg;
@@ -475,6 +471,11 @@ function schedule(root, id) {
 
   return async function refresh() {
     const one = await api("GET", path);
+    // every read first, then the page drawn at once: never half of one refresh shown
+    const lastRuns = new URLSearchParams({ schedule: id, order: "desc", due_before: iso(Date.now() + 1000), limit: 10 });
+    const [upcomingTimes, last] = await Promise.all([
+      one.state === "ENABLED" ? api("GET", `${path}/upcoming?count=10`).then((reply) => reply.occurrences) : [],
+      api("GET", `/tasks?${lastRuns}`)]);
     state = one.state;
     toggle.textContent = one.state === "PAUSED" ? "Resume" : "Pause";
     if (!filled) { // the form keeps what the person types between refreshes
@@ -486,12 +487,9 @@ function schedule(root, id) {
         ["occurrences", one.occurrences], ["missed", one.missed], ["revision", one.revision],
         ["next due", shown(one.next_due_at)], ["last fired", shown(one.last_fired_at)]]
         .map(([name, value]) => [h("dt", {}, name), h("dd", {}, value)])));
-    const upcomingTimes = one.state === "ENABLED"
-      ? (await api("GET", `${path}/upcoming?count=10`)).occurrences : [];
     next.replaceChildren(h("h2", {}, "Next 10 fire times (UTC)"),
       upcomingTimes.length ? h("ol", {}, upcomingTimes.map((at) => h("li", {}, shown(at))))
         : h("p", { class: "muted" }, `none: the schedule is ${one.state}`));
-    const last = await api("GET", `/tasks?${new URLSearchParams({ schedule: id, order: "desc", due_before: iso(Date.now() + 1000), limit: 10 })}`);
     runs.replaceChildren(h("h2", {}, "Last runs"), table(["task", "status", "due at", "lateness"],
       last.tasks.map((one) => h("tr", {}, h("td", {}, link("task", one.id)), statusCell(one.status),
         h("td", {}, shown(one.due_at)), h("td", {}, one.lateness_ms == null ? "–" : `${one.lateness_ms} ms`)))));
