@@ -19,14 +19,16 @@ from tests.conftest import (
     all_schedules,
     all_tasks,
     call_api,
+    hooked,
     serve,
     stop,
     stored,
     wait_for_status,
 )
-from tocsin import Client, clock
+from tocsin import Client, aws, clock
 from tocsin.local.dynamodb_process import Fault
 from tocsin.occurrences import materialize_due
+from tocsin.schedule_store import SCHEDULE_DUE_INDEX
 from tocsin.settings import settings
 
 RATE_MS = 2000
@@ -144,17 +146,28 @@ def test_two_finders_at_once_make_one_task_per_occurrence(runtime, receiver):
         assert call_api(runtime, "POST", "/schedules", body)[0] == 201
     assert all_tasks() == []
     later = clock.now_ms() + 8000  # as the finder would see it 8 s from now
-    barrier, reports = threading.Barrier(2), []
+    # Both finders read which schedules are due before either turns one, as two runs at once
+    # on AWS can: each shard's query waits for the other finder's (on a busy machine one
+    # finder once turned a schedule before the other had read it, and found three).
+    both_read, reports = threading.Barrier(2, timeout=30), []
+
+    def tag(params: dict, context: dict, **_: object) -> None:
+        context["schedules_due"] = params.get("IndexName") == SCHEDULE_DUE_INDEX
+
+    def pair(context: dict, **_: object) -> None:
+        if context.get("schedules_due"):
+            both_read.wait()
 
     def finder() -> None:
-        barrier.wait()
         reports.append(materialize_due(settings(), later)[1])
 
     threads = [threading.Thread(target=finder) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    client = aws.resource("dynamodb").meta.client
+    with hooked(client, ("before-call.dynamodb.Query", tag), ("after-call.dynamodb.Query", pair)):
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
     assert [r["schedules_due"] for r in reports] == [4, 4]  # each finder found all four
     tasks = all_tasks()
     per_schedule = Counter(t["schedule_id"] for t in tasks)
