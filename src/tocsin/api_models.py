@@ -32,11 +32,20 @@ class TaskSummary(BaseModel):
     error: Failure | None = None
 
 
+class FailedTry(BaseModel):
+    """An attempt that failed: when it began (its gate, for the first) and why."""
+
+    at: str
+    error: str
+
+
 class TaskView(TaskSummary):
     """A task as its owner sees it, target and payload too (tocsin.model.task_view)."""
 
     target: dict[str, Any]
     payload: JsonValue
+    execution: str | None = None  # the name of the Step Functions execution that claimed it
+    tries: list[FailedTry] | None = None  # the attempts that failed, earliest first
 
 
 class TaskPage(BaseModel):

@@ -45,7 +45,7 @@ from tocsin.model import (
     idempotency_key,
 )
 from tocsin.observability import logger, metrics
-from tocsin.sent import Fired, SentLog
+from tocsin.sent import Fired, SentLog, Try
 from tocsin.settings import settings
 from tocsin.store import Claim, Holder, TaskStore
 from tocsin.targets import TARGETS, Delivery, Target, parse_target
@@ -110,6 +110,7 @@ class Failed:
     error: str  # the failure's kind, as the stored error's "Error"
     cause: str
     attempts: int
+    tries: tuple[Try, ...] = ()  # the attempts that failed, the last one among them
 
 
 def _deliver(task: ClaimedTask) -> tuple[int, dict[str, Any]]:
@@ -125,13 +126,15 @@ def fire(task: ClaimedTask, deadline_ms: int) -> Fired | Failed:
     its retry would act again)."""
     limit_ms = task.target.attempt_limit_s * 1000
     attempts, prepared = 0, False
+    tries: list[Try] = []  # each failed attempt, when it began and why: the task's history
     while True:
         if max(clock.now_ms(), task.due_ms) + limit_ms > deadline_ms:  # it begins at the gate
             if not attempts:  # never tried: a fresh invocation will have the time
                 raise NoTimeToSend(task.task_id)
             cause = f"out of time after {attempts} attempts"
-            return Failed("PermanentTargetError", cause, attempts)
+            return Failed("PermanentTargetError", cause, attempts, tuple(tries))
         attempts += 1
+        began_ms = max(clock.now_ms(), task.due_ms)
         try:
             if not prepared:
                 task.target.prepare()
@@ -140,19 +143,29 @@ def fire(task: ClaimedTask, deadline_ms: int) -> Fired | Failed:
                     attempts -= 1  # preparing took the time an attempt needed
                     continue
             fired_ms, result = _deliver(task)
-            return Fired(fired_ms, result, attempts)
+            return Fired(fired_ms, result, attempts, tuple(tries))
         except PermanentTargetError as error:
-            return Failed("PermanentTargetError", str(error), attempts)
+            tries.append(_failed_try(began_ms, error))
+            return Failed("PermanentTargetError", str(error), attempts, tuple(tries))
         except TransientTargetError as error:
+            tries.append(_failed_try(began_ms, error))
             if attempts >= task.max_attempts:
-                return Failed(
-                    "PermanentTargetError", f"gave up after {attempts} attempts: {error}", attempts
-                )
+                cause = f"gave up after {attempts} attempts: {error}"
+                return Failed("PermanentTargetError", cause, attempts, tuple(tries))
             pause_s = BACKOFF_S[min(attempts, len(BACKOFF_S)) - 1]
             if clock.now_ms() + pause_s * 1000 + limit_ms > deadline_ms:
                 cause = f"out of time after {attempts} attempts: {error}"
-                return Failed("PermanentTargetError", cause, attempts)
+                return Failed("PermanentTargetError", cause, attempts, tuple(tries))
             time.sleep(pause_s)
+
+
+# A failed attempt's error as its history keeps it: enough to tell why, and a task's item
+# stays small whatever a target answers (max_attempts is 5 at most).
+TRY_ERROR_CHARS = 300
+
+
+def _failed_try(began_ms: int, error: Exception) -> Try:
+    return {"at": clock.to_iso(began_ms), "error": str(error)[:TRY_ERROR_CHARS]}
 
 
 def _claimed(item: dict[str, Any], asked: BatchTask, task_type: TaskType) -> ClaimedTask | Failed:
@@ -286,6 +299,8 @@ def _finish(
     left owed, for the reconciler: a letter that cannot go out fails no other task)."""
     expires_at = settings().expires_at(asked.due_ms)
     fields: dict[str, Any] = {"attempts": outcome.attempts, "expires_at": expires_at}
+    if outcome.tries:  # written only when an attempt failed: a first send adds nothing
+        fields["tries"] = json.dumps(outcome.tries)
     if isinstance(outcome, Fired):
         status = TaskStatus.SUCCEEDED
         fields["fired_at"] = clock.to_iso(outcome.fired_ms)

@@ -89,9 +89,16 @@ SUMMARY_ATTRIBUTES = (
 
 
 def task_view(item: dict[str, Any]) -> dict[str, Any]:
-    """The task as a caller sees it: stored JSON strings decoded, internal attributes left out."""
-    summary = task_summary(item)
-    return {**summary, "target": json.loads(item["target"]), "payload": json.loads(item["payload"])}
+    """The task as a caller sees it: stored JSON strings decoded, internal attributes left
+    out; beyond a listing's summary, its target and payload, the execution that claimed it
+    and the attempts that failed (when any did)."""
+    view = {**task_summary(item), "target": json.loads(item["target"])}
+    view["payload"] = json.loads(item["payload"])
+    if "execution" in item:
+        view["execution"] = item["execution"]
+    if "tries" in item:
+        view["tries"] = json.loads(item["tries"])
+    return view
 
 
 def task_summary(item: dict[str, Any]) -> dict[str, Any]:

@@ -15,14 +15,19 @@ from typing import Any
 
 from tocsin import aws
 
+# An attempt that failed, as a task's history keeps it: {"at": ISO-8601, "error": why}.
+Try = dict[str, str]
+
 
 @dataclass(frozen=True)
 class Fired:
-    """A task sent: when its gate let go, what the target answered, in how many attempts."""
+    """A task sent: when its gate let go, what the target answered, in how many attempts,
+    and the attempts before it that failed."""
 
     fired_ms: int
     result: dict[str, Any]
     attempts: int
+    tries: tuple[Try, ...] = ()
 
 
 class SentLog:
@@ -36,6 +41,7 @@ class SentLog:
                 "fired_ms": sent.fired_ms,
                 "result": json.dumps(sent.result),
                 "attempts": sent.attempts,
+                "tries": json.dumps(sent.tries),
                 "expires_at": expires_at,
             }
         )
@@ -46,7 +52,8 @@ class SentLog:
         )
         if item is None:
             return None
-        return Fired(int(item["fired_ms"]), json.loads(item["result"]), int(item["attempts"]))
+        result, tries = json.loads(item["result"]), tuple(json.loads(item.get("tries", "[]")))
+        return Fired(int(item["fired_ms"]), result, int(item["attempts"]), tries)
 
 
 def _key(task_id: str, version: int) -> str:

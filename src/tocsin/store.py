@@ -388,7 +388,7 @@ class TaskStore:
             task_id,
             "SET #v = :next, #s = :pending, attempts = :zero, updated_at = :now, "
             "gsi_pk = :pk, gsi_due_ms = :due, placed_ms = :placed "
-            "REMOVE #e, expires_at, execution, attempt, lease_until, requeues",
+            "REMOVE #e, expires_at, execution, attempt, lease_until, requeues, tries",
             "#s = :failed AND #v = :v",
             {
                 ":next": version + 1,

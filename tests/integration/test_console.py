@@ -122,9 +122,26 @@ def open_later_task(console: str, page: Any, runtime: Any, task_id: str) -> None
     page.locator("#status", has_text="PENDING").wait_for()
 
 
+def test_a_tasks_page_shows_each_attempt_and_the_execution_that_claimed_it(
+    console, page, runtime, receiver
+):
+    receiver.script_for["/flaky"] = [503]  # then 200
+    body = webhook_task(f"{receiver.url}/flaky", clock.now_ms() + 1500, "flaky")
+    assert call_api(runtime, "POST", "/tasks", body)[0] == 201
+    wait_for_status("flaky", {"SUCCEEDED"})
+    page.goto(f"{console}/#/task/flaky")
+    attempts = page.locator("#view tr.attempt")
+    expect(attempts).to_have_count(2)
+    first, second = attempts.all_inner_texts()
+    assert first.startswith("1") and "failed" in first and "503" in first
+    lateness = int(stored("flaky")["lateness_ms"])
+    assert second.startswith("2") and f"sent, {lateness} ms late" in second
+    assert "flaky-v1" in page.inner_text("#view dl")
+    shot(page, "task")
+
+
 def test_a_task_cancelled_from_its_page_is_cancelled_through_the_api(console, page, runtime):
     open_later_task(console, page, runtime, "later")
-    shot(page, "task")
     page.click("button[name=cancel]")
     page.locator("#status", has_text="CANCELLED").wait_for()
     assert call_api(runtime, "GET", "/tasks/later")[1]["status"] == "CANCELLED"

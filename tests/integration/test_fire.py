@@ -11,6 +11,7 @@ from standardwebhooks.webhooks import Webhook
 
 from tests.conftest import (
     all_tasks,
+    call_api,
     http_server,
     runtime_with,
     stop_until_ended,
@@ -173,6 +174,29 @@ def test_a_hanging_target_holds_up_no_other_task_of_its_batch(runtime, receiver)
     assert arrived["after-hung"] >= due + 300
     assert arrived["after-hung"] < arrived["hung"] + receiver.hang_s * 1000  # still hanging
     assert stored("hung")["status"] == "RUNNING"
+
+
+def test_a_task_shows_each_failed_attempt_and_the_execution_that_claimed_it(runtime, receiver):
+    """A task's view keeps the attempts that failed (when each began, and why) and the
+    execution that claimed it; a task sent at its first attempt writes no history at all."""
+    receiver.script_for["/flaky"] = [503]  # then 200
+    receiver.status_for["/gone"] = 410
+    due = clock.now_ms() + 1500
+    for task_id in ("flaky", "gone", "plain"):
+        submit_task(webhook_task(f"{receiver.url}/{task_id}", due, task_id), owner="alice")
+    for task_id, status in (("flaky", "SUCCEEDED"), ("gone", "FAILED"), ("plain", "SUCCEEDED")):
+        wait_for_status(task_id, {status})
+
+    _, flaky = call_api(runtime, "GET", "/tasks/flaky")
+    [failed] = flaky["tries"]
+    assert flaky["attempts"] == 2 and "503" in failed["error"]
+    assert clock.to_ms(datetime.fromisoformat(failed["at"])) >= due  # it began at the gate
+    assert failed["at"] < flaky["fired_at"] and flaky["execution"] == "flaky-v1"
+    _, gone = call_api(runtime, "GET", "/tasks/gone")
+    assert [("410" in t["error"]) for t in gone["tries"]] == [True]
+    _, plain = call_api(runtime, "GET", "/tasks/plain")
+    assert plain["tries"] is None and "tries" not in stored("plain")  # nothing written
+    assert plain["execution"] == "plain-v1"
 
 
 def test_a_name_an_ended_execution_holds_starts_the_task_again_under_a_new_one(runtime, receiver):

@@ -54,6 +54,7 @@ def test_the_owner_retries_a_failed_task_through_the_api_and_only_a_failed_one(r
 
     status, task = call_api(runtime, "POST", "/tasks/mine/retry", principal="alice")
     assert status == 200 and task["version"] == 2 and task["attempts"] == 0
+    assert task["tries"] is None and "tries" not in stored("mine")  # not the new version's
     item = wait_for_status("mine", {"SUCCEEDED"})
     assert int(item["version"]) == 2
     assert [a.idempotency_key for a in receiver.received()] == ["mine:1", "mine:2"]

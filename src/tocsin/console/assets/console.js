@@ -398,34 +398,50 @@ function task(root, id) {
       ["fired at", shown(task.fired_at)],
       ["lateness", task.lateness_ms == null ? "–" : `${task.lateness_ms} ms`],
       ["attempts", `${task.attempts} of ${task.max_attempts}`], ["created at", shown(task.created_at)],
-      ["updated at", shown(task.updated_at)]];
+      ["updated at", shown(task.updated_at)], ["execution", task.execution || "– (not claimed)"]];
     if (task.error) fields.push(["error", `${task.error.code || ""}: ${task.error.message || ""}`]);
     if (task.result !== undefined && task.result !== null) fields.push(["result", JSON.stringify(task.result)]);
     facts.replaceChildren(h("dl", {}, fields.map(([name, value]) => [h("dt", {}, name), h("dd", {}, value)])));
-    life.replaceChildren(h("h2", {}, "Life"), lifeAxis(task));
+    life.replaceChildren(h("h2", {}, "Life"), lifeAxis(task), h("h2", {}, "Attempts"),
+      table(["#", "began (UTC)", "outcome"], attemptRows(task).map(([n, at, outcome]) =>
+        h("tr", { class: "attempt" }, h("td", {}, n), h("td", {}, shown(at)), h("td", { class: "wrap" }, outcome)))));
     content.replaceChildren(h("h2", {}, "Target (header values and secrets masked)"),
       h("pre", {}, JSON.stringify(masked(task.target), null, 2)),
       h("h2", {}, "Payload"), h("pre", {}, JSON.stringify(task.payload, null, 2)));
   };
 }
 
+// Each attempt: the ones that failed (`tries`, with their errors), then the one that sent.
+function attemptRows(task) {
+  const rows = (task.tries || []).map((one, i) => [i + 1, one.at, `failed: ${one.error}`]);
+  if (task.fired_at) rows.push([task.attempts, task.fired_at, `sent, ${task.lateness_ms} ms late`]);
+  return rows;
+}
+
 function lifeAxis(task) {
-  const ended = { SUCCEEDED: "fired", FAILED: "failed", CANCELLED: "cancelled" }[task.status];
   const moments = [["submitted", task.created_at], ["due", task.due_at]];
-  if (task.fired_at) moments.push(["fired", task.fired_at]);
-  else if (ended && task.updated_at) moments.push([ended, task.updated_at]);
-  else moments.push(["now", iso(Date.now())]);
+  for (const [n, at, outcome] of attemptRows(task)) {
+    moments.push([outcome.startsWith("failed") ? `attempt ${n} failed` : `fired (attempt ${n})`, at]);
+  }
+  if (task.status === "CANCELLED" && task.updated_at) moments.push(["cancelled", task.updated_at]);
+  else if (!["SUCCEEDED", "FAILED"].includes(task.status)) moments.push(["now", iso(Date.now())]);
   moments.sort((a, b) => ms(a[1]) - ms(b[1]));
   const times = moments.map(([, at]) => ms(at));
   const span = axis(Math.min(...times), Math.max(...times) + 1, 900);
-  const svg = s("svg", { viewBox: "0 0 900 70", width: "100%", role: "img", "aria-label": "the task's life" },
-    s("line", { class: "axis", x1: 40, x2: 860, y1: 30, y2: 30 }));
-  moments.forEach(([name, at], i) => {
+  const svg = s("svg", { viewBox: "0 0 900 86", width: "100%", role: "img", "aria-label": "the task's life" },
+    s("line", { class: "axis", x1: 40, x2: 860, y1: 42, y2: 42 }));
+  const rows = [[16, -Infinity], [62, -Infinity], [30, -Infinity], [78, -Infinity]]; // y, last end
+  for (const [name, at] of moments) {
     const x = span.x(ms(at));
+    const text = `${name} ${at.slice(11, 23)}`;
+    const width = text.length * 6.2; // about 11 px type
     const anchor = x < 150 ? "start" : x > 750 ? "end" : "middle";
-    svg.append(s("circle", { cx: x, cy: 30, r: 5, fill: name === "failed" ? "#b42318" : "#2b59c3" }),
-      s("text", { x, y: i % 2 ? 56 : 18, "text-anchor": anchor }, `${name} ${at.slice(11, 23)}`));
-  });
+    const left = anchor === "start" ? x : anchor === "end" ? x - width : x - width / 2;
+    const row = rows.find(([, end]) => end + 8 <= left) || rows[rows.length - 1]; // a free row
+    row[1] = left + width;
+    svg.append(s("circle", { cx: x, cy: 42, r: 5, fill: name.endsWith("failed") ? "#b42318" : "#2b59c3" }),
+      s("text", { x, y: row[0], "text-anchor": anchor }, text));
+  }
   return svg;
 }
 
