@@ -32,6 +32,9 @@ def test_spread_times_tocsin_and_the_baseline_on_the_same_plan(tmp_path, capsys,
     assert spread["baseline"]["sample_of"] == 5
     assert {"p50", "p90", "p99", "max"} <= set(spread["lateness_ms"])
     assert spread["baseline_to_tocsin_p99_error"] > 0
+    split = spread["cpu_ms_per_task_by_process"]  # the runtime's and the DynamoDB child's
+    assert split["dynamodb"] > 0 and split["runtime"] > 0
+    assert sum(split.values()) == pytest.approx(spread["cpu_ms_per_task"], abs=0.11)
     # Wait and Fire per execution, and an execution holds one task or more
     assert 0 < spread["cost"]["per_task"]["state_transitions"] <= 2
     assert spread["cost"]["per_task"]["api_requests"] == 1

@@ -24,6 +24,7 @@ def _sleeping_gate(first: GatesFirst, due_ms: int) -> tuple[threading.Thread, li
 
 def test_a_call_waits_until_the_imminent_gate_has_let_go(monkeypatch):
     monkeypatch.setattr(gates_first, "WINDOW_MS", 1_000)
+    monkeypatch.setattr(gates_first, "MAX_WAIT_S", 5.0)
     first = GatesFirst()
     due = clock.now_ms() + 300  # within the window
     thread, let_go = _sleeping_gate(first, due)
@@ -49,6 +50,7 @@ def test_a_call_waits_for_the_action_of_a_gate_that_just_let_go(monkeypatch):
     way of the webhook request that the gate let through."""
     monkeypatch.setattr(gates_first, "WINDOW_MS", 1_000)
     monkeypatch.setattr(gates_first, "ACTION_MS", 300)
+    monkeypatch.setattr(gates_first, "MAX_WAIT_S", 5.0)
     first = GatesFirst()
     thread, let_go = _sleeping_gate(first, clock.now_ms() + 50)
     first.yield_to_gates()
@@ -72,6 +74,7 @@ def test_a_call_sleeps_through_a_run_of_gates_in_one_go(monkeypatch):
         real_sleep(seconds)
 
     caller = threading.current_thread()
+    monkeypatch.setattr(gates_first, "MAX_WAIT_S", 5.0)
 
     first = GatesFirst()
     start = clock.now_ms() + 300  # every gate asleep before the call
@@ -82,5 +85,21 @@ def test_a_call_sleeps_through_a_run_of_gates_in_one_go(monkeypatch):
     monkeypatch.undo()
     assert all(let_go for _, let_go in gates)  # every gate had let go first
     assert len(sleeps) <= 3
+    for thread, _ in gates:
+        thread.join()
+
+
+def test_gates_that_keep_coming_hold_a_call_no_longer_than_the_cap():
+    """A steady stream (a gate every 10 ms for a second and a half) is one endless run: a
+    call goes on after MAX_WAIT_S, while gates are still due, so that the claims of the
+    batches to come keep up with the tasks due."""
+    first = GatesFirst()
+    start = clock.now_ms() + 300
+    gates = [_sleeping_gate(first, start + 10 * i) for i in range(150)]
+    time.sleep(max(start - clock.now_ms(), 0) / 1000)
+    first.yield_to_gates()
+    went_ms = clock.now_ms()
+    assert any(not let_go for _, let_go in gates)  # it did not wait for the run's end
+    assert went_ms >= start + gates_first.MAX_WAIT_S * 1000 - 20  # it waited its cap
     for thread, _ in gates:
         thread.join()

@@ -236,3 +236,79 @@ def test_plain_json_answers_are_what_motos_serializer_writes():
     assert plain == by_moto
     assert by_moto[2]["Attributes"]["b"] == {"B": b"\x00\xffbytes"}
     assert serialized == ["CreateTable"]
+
+
+def _compared() -> list:
+    """A query over numbers and strings, in both orders, and conditions that compare
+    numbers written differently, strings, a map and a set: what each answers."""
+    client = boto3.client("dynamodb", region_name="us-east-1")
+    client.create_table(
+        TableName="c",
+        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+        AttributeDefinitions=[
+            {"AttributeName": "id", "AttributeType": "S"},
+            {"AttributeName": "p", "AttributeType": "S"},
+            {"AttributeName": "due", "AttributeType": "N"},
+        ],
+        GlobalSecondaryIndexes=[
+            {
+                "IndexName": "due-index",
+                "KeySchema": [
+                    {"AttributeName": "p", "KeyType": "HASH"},
+                    {"AttributeName": "due", "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "ALL"},
+            }
+        ],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    for n, due in enumerate(["9", "10", "1.50", "-2", "100", "1.5e1", "0.001"]):
+        item = {"id": {"S": f"i{n}"}, "p": {"S": "a" if n % 3 else "b"}, "due": {"N": due}}
+        item |= {"m": {"M": {"k": {"N": "1"}}}, "s": {"SS": ["x", "y"]}}
+        client.put_item(TableName="c", Item=item)
+    answers: list = []
+    for forward in (True, False):
+        answers.append(
+            client.query(
+                TableName="c",
+                IndexName="due-index",
+                KeyConditionExpression="p = :p AND due BETWEEN :low AND :high",
+                ExpressionAttributeValues={
+                    ":p": {"S": "a"},
+                    ":low": {"N": "-5"},
+                    ":high": {"N": "15"},
+                },
+                ScanIndexForward=forward,
+            )["Items"]
+        )
+    for condition, value in [
+        ("due = :v", {"N": "9.0"}),
+        ("due < :v", {"N": "10"}),
+        ("p = :v", {"S": "a"}),
+        ("m = :v", {"M": {"k": {"N": "1.0"}}}),
+        ("s = :v", {"SS": ["y", "x"]}),
+    ]:
+        try:
+            client.update_item(
+                TableName="c",
+                Key={"id": {"S": "i0"}},
+                UpdateExpression="SET hits = if_not_exists(hits, :zero) + :one",
+                ConditionExpression=condition,
+                ExpressionAttributeValues={":v": value, ":zero": {"N": "0"}, ":one": {"N": "1"}},
+            )
+            answers.append((condition, "written"))
+        except client.exceptions.ConditionalCheckFailedException:
+            answers.append((condition, "refused"))
+    return answers
+
+
+def test_values_compare_and_sort_as_motos_own():
+    """Strings and numbers take a quicker path to the values moto compares: a query's
+    order and a condition's verdict are moto's, numbers written differently included."""
+    with mock_aws():
+        by_moto = _compared()
+    with mock_aws(), dynamodb_patches():
+        patched = _compared()
+    assert patched == by_moto
+    assert [item["due"]["N"] for item in by_moto[0]] == ["1.50", "10", "1.5e1"]  # as numbers
+    assert by_moto[2] == ("due = :v", "written")  # 9.0 is 9

@@ -297,11 +297,13 @@ class EmbeddedRuntime:
 
     def footprint(self) -> dict[str, Any]:
         """CPU seconds and peak memory (MiB) of this process and the DynamoDB process
-        together, DynamoDB's requests by action and the write units they were billed
-        (`tocsin.local.write_units`); after the stop, as they were then."""
+        together (and CPU seconds of the DynamoDB process alone), DynamoDB's requests by
+        action and the write units they were billed (`tocsin.local.write_units`); after
+        the stop, as they were then."""
         own, tables = process_usage(), self.dynamodb.usage()
         return {
             "cpu_s": own["cpu_s"] + tables["cpu_s"],
+            "dynamodb_cpu_s": tables["cpu_s"],
             "peak_memory_mb": round(own["peak_memory_mb"] + tables["peak_memory_mb"], 1),
             "dynamodb_requests": Counter(tables["requests"]),
             "dynamodb_write_units": Counter(tables["write_units"]),

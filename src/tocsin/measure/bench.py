@@ -193,6 +193,7 @@ def timed_run(
         runtime.wait_for_executions(timeout_s=10)
         after = runtime.footprint()
         cpu_s = after["cpu_s"] - before["cpu_s"]
+        dynamodb_cpu_s = after["dynamodb_cpu_s"] - before["dynamodb_cpu_s"]
         requests = after["dynamodb_requests"] - before["dynamodb_requests"]
         write_units = after["dynamodb_write_units"] - before["dynamodb_write_units"]
         arrivals = receiver.received()
@@ -215,6 +216,10 @@ def timed_run(
         abs_error_ms={"p99": percentile([abs(v) for v in lateness], 99)},
         wall_s=round(time.monotonic() - started, 1),
         cpu_ms_per_task=round(cpu_s * 1000 / len(planned), 1),
+        cpu_ms_per_task_by_process={
+            "runtime": round((cpu_s - dynamodb_cpu_s) * 1000 / len(planned), 1),
+            "dynamodb": round(dynamodb_cpu_s * 1000 / len(planned), 1),
+        },
         peak_memory_mb=runtime.footprint()["peak_memory_mb"],
     )
     return figures, lateness, arrivals
@@ -682,6 +687,10 @@ TIMING_ROWS: list[tuple[str, Callable[[dict[str, Any]], Any]]] = [
     ("submit s", lambda f: f["submit_s"]),
     ("wall s", lambda f: f["wall_s"]),
     ("CPU ms per task", lambda f: f["cpu_ms_per_task"]),
+    (
+        "  runtime / DynamoDB",
+        lambda f: "{runtime} / {dynamodb}".format(**f["cpu_ms_per_task_by_process"]),
+    ),
     ("peak memory MiB", lambda f: f["peak_memory_mb"]),
 ]
 
