@@ -2,6 +2,7 @@
 (The figures themselves are measured by `tocsin bench` at full size, not asserted here.)"""
 
 import json
+from pathlib import Path
 
 import boto3
 import pytest
@@ -12,6 +13,7 @@ from moto import mock_aws
 from tests.conftest import last_json
 from tocsin.cli import main
 from tocsin.dispatch import Batch, DueTask, execution_input
+from tocsin.local.dynamodb_local import jar
 from tocsin.measure import bench
 from tocsin.measure.bench import StartRecorder, baseline_input, recording_starts
 from tocsin.model import TaskType
@@ -124,6 +126,20 @@ def test_dense_packs_each_window_into_one_execution(capsys):
     assert "baseline" not in dense
     assert dense["executions"] <= 11  # 30 tasks over 10 s: a batch per second at most
     assert dense["transitions_per_task"] == round(2 * dense["executions"] / 30, 3)
+
+
+def test_dense_on_dynamodb_local_counts_the_engines_cpu(capsys):
+    """On DynamoDB Local's tables the CPU per task counts the JVM's, read from /proc."""
+    if jar() is None or not Path("/proc/self/stat").exists():
+        pytest.skip("DynamoDB Local (make dynamodb-local) and Linux's /proc are needed")
+    arguments = ["--scenarios", "dense", "--scale", "0.005", "--tables", "dynamodb-local"]
+    assert main(["bench", *arguments, "--json"]) == 0
+    dense = last_json(capsys.readouterr().out)["dense"]
+    assert dense["submitted"] == dense["fired"] == 30
+    assert dense["early"] == dense["duplicates"] == dense["lost"] == 0
+    split = dense["cpu_ms_per_task_by_process"]
+    assert split["dynamodb"] > 0 and split["runtime"] > 0
+    assert sum(split.values()) == pytest.approx(dense["cpu_ms_per_task"], abs=0.11)
 
 
 @pytest.mark.any_python

@@ -14,6 +14,7 @@ for the next runtime of the process, as the moto process is kept.
 """
 
 import contextlib
+import os
 import socket
 import subprocess
 import tempfile
@@ -78,6 +79,23 @@ class DynamoDBLocal:
             time.sleep(0.1)
         return False
 
+    def footprint(self) -> dict[str, float]:
+        """CPU seconds and peak resident memory (MiB) of the JVM, from /proc (Linux)."""
+        assert self._process is not None
+        proc = Path("/proc") / str(self._process.pid)
+        try:
+            times = (proc / "stat").read_text().rpartition(")")[2].split()
+            status = (proc / "status").read_text()
+        except OSError:  # no /proc here, or the JVM has ended
+            return {"cpu_s": 0.0, "peak_memory_mb": 0.0}
+        ticks = int(times[11]) + int(times[12])  # utime, stime: fields 14 and 15 of stat
+        peak_kb = next((int(line.split()[1]) for line in status.splitlines()
+                        if line.startswith("VmHWM:")), 0)  # fmt: skip
+        return {
+            "cpu_s": ticks / os.sysconf("SC_CLK_TCK"),
+            "peak_memory_mb": round(peak_kb / 1024, 1),
+        }
+
     def _stop(self) -> None:
         if self._process is not None and self._process.poll() is None:
             self._process.terminate()
@@ -113,8 +131,9 @@ class DynamoDBLocalTables:
         create_tables(self.endpoint, descriptions)
 
     def usage(self) -> dict[str, Any]:
-        """What DynamoDB Local does not count: nothing metered here (no cost from it)."""
-        return {"requests": {}, "write_units": {}, "cpu_s": 0.0, "peak_memory_mb": 0.0}
+        """The JVM's CPU seconds and peak memory (MiB) so far, where Linux's /proc tells
+        them (0 elsewhere); no requests or write units: nothing is metered here."""
+        return {"requests": {}, "write_units": {}, **self._local.footprint()}
 
     def set_faults(self, *args: Any, **kwargs: Any) -> None:
         raise NotImplementedError("faults are injected by the moto tables only (tables='moto')")
