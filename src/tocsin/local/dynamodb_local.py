@@ -80,14 +80,17 @@ class DynamoDBLocal:
         return False
 
     def footprint(self) -> dict[str, float]:
-        """CPU seconds and peak resident memory (MiB) of the JVM, from /proc (Linux)."""
-        assert self._process is not None
+        """CPU seconds and peak resident memory (MiB) of the JVM, from /proc (Linux); 0
+        where there is no /proc, or no JVM any more."""
+        unknown = {"cpu_s": 0.0, "peak_memory_mb": 0.0}
+        if self._process is None:
+            return unknown
         proc = Path("/proc") / str(self._process.pid)
         try:
             times = (proc / "stat").read_text().rpartition(")")[2].split()
             status = (proc / "status").read_text()
-        except OSError:  # no /proc here, or the JVM has ended
-            return {"cpu_s": 0.0, "peak_memory_mb": 0.0}
+        except OSError:
+            return unknown
         ticks = int(times[11]) + int(times[12])  # utime, stime: fields 14 and 15 of stat
         peak_kb = next((int(line.split()[1]) for line in status.splitlines()
                         if line.startswith("VmHWM:")), 0)  # fmt: skip

@@ -7,6 +7,7 @@ time), within a time window, not the whole store, so its time depends on what it
 not on the store's size.
 """
 
+import json
 import os
 import shutil
 import time
@@ -62,7 +63,8 @@ def _items(count: int, now: int) -> list[dict[str, Any]]:
             item["fired_at"] = clock.to_iso(due + late)
         elif not ahead:
             item |= {"status": "FAILED", "attempts": 3}
-            item["error"] = '{"type": "PermanentTargetError", "message": "410 Gone"}'
+            error = {"Error": "PermanentTargetError", "Cause": "webhook answered 410"}
+            item["error"] = json.dumps(error)  # as the executor stores it
         items.append(item)
     return items
 
