@@ -1,14 +1,16 @@
 """The embedded runtime's DynamoDB, as its child process patches moto: a transaction is
 backed up item by item, not table by table (one that fails still leaves every item as it
-was, and one that succeeds writes); an update expression is parsed once for every request
-that sends it, and a condition once per request (each request still gets its own names and
-values); validation still refuses what moto refuses; and data actions answer as moto's
-serializer would."""
+was, and one that succeeds writes); an update expression and a condition are parsed once
+for every request that sends them (each request still gets its own names and values);
+validation still refuses what moto refuses; and data actions answer as moto's serializer
+would."""
 
+import json
 from unittest import mock
 
 import boto3
 import pytest
+from botocore.awsrequest import AWSPreparedRequest
 from moto import mock_aws
 
 from tocsin.local.moto_patches import dynamodb_patches
@@ -85,8 +87,8 @@ def test_one_update_expression_sent_with_other_names_and_values_updates_what_eac
 
 
 def test_a_condition_sent_again_with_other_values_is_judged_on_each_requests_values(table):
-    """The second parse of a condition is the first's tree only for the same expression,
-    names and values: the same expression with another value is parsed and judged anew."""
+    """A condition sent again is made from the first request's tree with the values of its
+    own request: had the tree kept the first request's values, the third would pass."""
     request = {
         "TableName": "t",
         "Key": {"id": {"S": "i1"}},
@@ -105,7 +107,7 @@ def test_a_condition_sent_again_with_other_values_is_judged_on_each_requests_val
     assert values(table)["i1"] == "3"
 
 
-def test_a_conditional_write_parses_its_condition_once(table):
+def test_a_condition_is_parsed_once_for_every_request_that_sends_it(table):
     from moto.dynamodb.comparisons import ConditionExpressionParser
 
     lexed = []
@@ -116,14 +118,16 @@ def test_a_conditional_write_parses_its_condition_once(table):
         return lex(parser)
 
     with mock.patch.object(ConditionExpressionParser, "_lex_condition_expression", counted):
-        table.update_item(
-            TableName="t",
-            Key={"id": {"S": "i1"}},
-            UpdateExpression="SET n = :two",
-            ConditionExpression="n = :one",
-            ExpressionAttributeValues={":one": {"N": "1"}, ":two": {"N": "2"}},
-        )
-    assert lexed == ["n = :one"]  # moto parses it twice: for the names it uses, to evaluate
+        for key in ("i1", "i2"):
+            table.update_item(
+                TableName="t",
+                Key={"id": {"S": key}},
+                UpdateExpression="SET n = :two",
+                ConditionExpression="n = :one",
+                ExpressionAttributeValues={":one": {"N": "1"}, ":two": {"N": key[1]}},
+            )
+    assert lexed == ["n = :one"]  # moto parses it twice a request: for what it uses, to judge
+    assert (values(table)["i1"], values(table)["i2"]) == ("1", "2")
 
 
 def test_a_condition_parsed_before_still_counts_the_names_and_values_it_uses(table):
@@ -281,11 +285,19 @@ def _compared() -> list:
                 ScanIndexForward=forward,
             )["Items"]
         )
-    for condition, value in [
+    for condition, value in [  # each expression twice: its tree is made once, then reused
         ("due = :v", {"N": "9.0"}),
+        ("due = :v", {"N": "8"}),
         ("due < :v", {"N": "10"}),
+        ("due < :v", {"N": "9"}),
         ("p = :v", {"S": "a"}),
+        ("p = :v", {"S": "b"}),
+        ("begins_with(p, :v)", {"S": "b"}),
+        ("begins_with(p, :v)", {"S": "c"}),
+        ("size(s) > :v", {"N": "1"}),
+        ("size(s) > :v", {"N": "2"}),
         ("m = :v", {"M": {"k": {"N": "1.0"}}}),
+        ("m = :v", {"M": {"k": {"N": "2"}}}),
         ("s = :v", {"SS": ["y", "x"]}),
     ]:
         try:
@@ -303,12 +315,62 @@ def _compared() -> list:
 
 
 def test_values_compare_and_sort_as_motos_own():
-    """Strings and numbers take a quicker path to the values moto compares: a query's
-    order and a condition's verdict are moto's, numbers written differently included."""
+    """Strings and numbers take a quicker path to the values moto compares, and a condition
+    sent again is made from its first tree with its own values: a query's order and each
+    condition's verdict are moto's, numbers written differently included."""
     with mock_aws():
         by_moto = _compared()
     with mock_aws(), dynamodb_patches():
         patched = _compared()
     assert patched == by_moto
     assert [item["due"]["N"] for item in by_moto[0]] == ["1.50", "10", "1.5e1"]  # as numbers
-    assert by_moto[2] == ("due = :v", "written")  # 9.0 is 9
+    assert by_moto[2:4] == [("due = :v", "written"), ("due = :v", "refused")]  # 9.0 is 9
+    assert [verdict for _, verdict in by_moto[2:]].count("refused") == 6  # one of each pair
+
+
+def test_the_runtimes_own_endpoints_go_past_motos_stubber_and_aws_urls_do_not():
+    """The runtime's DynamoDB calls go out at once, and every AWS URL is still moto's; the
+    rest of moto's core settings are its defaults."""
+    from moto.core.botocore_stubber import BotocoreStubber
+    from moto.core.config import default_user_config
+
+    from tocsin.local.moto_patches import runtime_config
+
+    stubber = BotocoreStubber()
+    with mock_aws(config=runtime_config()):
+        assert default_user_config["core"]["mock_credentials"] is True
+        with mock.patch("moto.core.botocore_stubber.backend_index") as patterns:
+            request = AWSPreparedRequest("POST", "http://127.0.0.1:41234/", {}, b"{}", False)
+            assert stubber.process_request(request) is None
+        assert not patterns.mock_calls  # let through before any service's pattern was tried
+        aws = "https://dynamodb.us-east-1.amazonaws.com/"
+        request = AWSPreparedRequest(
+            "POST", aws, {"X-Amz-Target": "DynamoDB_20120810.ListTables"}, b"{}", False
+        )
+        status, _, body = stubber.process_request(request)
+        assert (status, json.loads(body)) == (200, {"TableNames": []})
+
+
+def test_item_sizes_are_motos_own():
+    """Strings and numbers take a quicker path to their size (an item's against 400 KB,
+    a page's against 1 MB): every type answers as moto sizes it."""
+    from moto.dynamodb.models.dynamo_type import DynamoType
+
+    values = [
+        {"S": "plain"},
+        {"S": "été ✓ 🙂"},
+        {"N": "-12.500"},
+        {"N": "1e30"},
+        {"B": b"\x00\x01"},
+        {"BOOL": True},
+        {"NULL": True},
+        {"SS": ["a", "bé"]},
+        {"NS": ["1", "22"]},
+        {"L": [{"S": "x"}, {"N": "3"}]},
+        {"M": {"k": {"S": "vé"}, "n": {"N": "7"}}},
+    ]
+    by_moto = [DynamoType(value).size() for value in values]
+    with dynamodb_patches():
+        patched = [DynamoType(value).size() for value in values]
+    assert patched == by_moto
+    assert by_moto[:4] == [5, 14, 7, 4]  # UTF-8 bytes; a number's digits as written

@@ -213,9 +213,7 @@ class EmbeddedRuntime:
         from moto import mock_aws
 
         self._exits.enter_context(moto_patches.backends_released())
-        self._exits.enter_context(
-            mock_aws(config={"stepfunctions": {"execute_state_machine": True}})
-        )
+        self._exits.enter_context(mock_aws(config=moto_patches.runtime_config()))
         self._patch_backends()
         self._put_gates_first()
         self._forget_process_caches()
