@@ -374,3 +374,20 @@ def test_item_sizes_are_motos_own():
         patched = [DynamoType(value).size() for value in values]
     assert patched == by_moto
     assert by_moto[:4] == [5, 14, 7, 4]  # UTF-8 bytes; a number's digits as written
+
+
+def test_a_condition_moto_cannot_parse_is_refused_each_time_it_is_sent(table):
+    """A condition that fails to parse leaves no tree behind: the same request fails again
+    as moto's own parse fails (a ValueError, where DynamoDB answers ValidationException),
+    and a good one after it is judged as usual."""
+    request = {
+        "TableName": "t",
+        "Key": {"id": {"S": "i1"}},
+        "UpdateExpression": "SET n = :v",
+        "ExpressionAttributeValues": {":v": {"N": "5"}},
+    }
+    for _ in range(2):
+        with pytest.raises(ValueError, match="Bad comparison"):
+            table.update_item(ConditionExpression="n = = :v", **request)
+    table.update_item(ConditionExpression="attribute_exists(n)", **request)
+    assert values(table)["i1"] == "5"

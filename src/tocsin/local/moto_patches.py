@@ -252,8 +252,10 @@ def parsed_conditions() -> Iterator[None]:
                 return made(node)
 
             parser._make_op_condition = first_is_root
-            op = parse(parser)
-            del parser._make_op_condition
+            try:
+                op = parse(parser)
+            finally:
+                del parser._make_op_condition
             if len(trees) >= CONDITIONS_KEPT:
                 trees.clear()
             trees[key] = (
