@@ -22,7 +22,8 @@
   asleep or the requests they let through.
 * DynamoDB runs in a child process (`tocsin.local.dynamodb_process`), so its share of the
   work uses the second core; every client here reaches it through
-  AWS_ENDPOINT_URL_DYNAMODB. The stack's tables are made there again after the stack.
+  AWS_ENDPOINT_URL_DYNAMODB, unsigned (nothing there checks a signature, and signing was a
+  fifth of a call's CPU). The stack's tables are made there again after the stack.
 * DynamoDB requests and StartExecution are atomic on AWS; moto's are plain Python (a
   conditional update reads, copies and writes the item in steps), so each runs under a
   lock here (DynamoDB's in its process) to behave the same way when threads race.
@@ -55,7 +56,7 @@ from unittest import mock
 
 from tocsin.local import moto_patches, state
 from tocsin.local.dynamodb_local import DynamoDBLocalTables
-from tocsin.local.dynamodb_process import DynamoDBProcess, process_usage
+from tocsin.local.dynamodb_process import DynamoDBProcess, process_usage, unsigned_to
 from tocsin.local.gates_first import GatesFirst
 from tocsin.local.queues import QueueMapping, poll, take_over_mappings
 from tocsin.local.stack import (
@@ -409,7 +410,7 @@ class EmbeddedRuntime:
 
     def _move_tables(self) -> None:
         """The stack's tables, as moto's CloudFormation made them here, are made again in the
-        DynamoDB process; from now on every client in this process goes there."""
+        DynamoDB process; from now on every client in this process goes there, unsigned."""
         import boto3
 
         here = boto3.client("dynamodb")
@@ -419,6 +420,11 @@ class EmbeddedRuntime:
         self.dynamodb.create_tables(tables)
         environment = {"AWS_ENDPOINT_URL_DYNAMODB": endpoint}
         self._exits.enter_context(mock.patch.dict(os.environ, environment))
+        if isinstance(self.dynamodb, DynamoDBProcess):  # DynamoDB Local wants a signature
+            events = boto3.DEFAULT_SESSION.events
+            hook = unsigned_to(endpoint)
+            events.register("before-call.dynamodb", hook)
+            self._exits.callback(events.unregister, "before-call.dynamodb", hook)
         self._forget_process_caches()
 
     @staticmethod
