@@ -172,6 +172,44 @@ def test_update_expressions_are_still_validated_pass_by_pass(table):
     assert values(table) == before
 
 
+def test_an_expression_checked_before_is_checked_again_with_other_names(table):
+    """The checks that read only the expression, its names and the table's keys run once
+    for each expression and names they pass: the same expression with a name that points
+    at the key, or an expression refused before, is refused each time, and nothing written."""
+    from moto.dynamodb.parsing.validators import ActionCountValidator
+
+    def set_a(name: str, value: str = "9") -> None:
+        table.update_item(
+            TableName="t",
+            Key={"id": {"S": "i1"}},
+            UpdateExpression="SET #a = :v",
+            ExpressionAttributeNames={"#a": name},
+            ExpressionAttributeValues={":v": {"N": value}},
+        )
+
+    set_a("n")
+    before = values(table)
+    for _ in range(2):
+        with pytest.raises(table.exceptions.ClientError, match=r"(?i)key"):
+            set_a("id")
+    with mock.patch.object(
+        ActionCountValidator, "traverse", autospec=True, side_effect=ActionCountValidator.traverse
+    ) as counted:
+        set_a("n", "10")
+        set_a("n", "11")
+    assert counted.call_count == 0  # both passed the checks as the first did
+    assert values(table) == before | {"i1": "11"}
+    for _ in range(2):
+        with pytest.raises(table.exceptions.ClientError, match=r"(?i)overlap"):
+            table.update_item(
+                TableName="t",
+                Key={"id": {"S": "i1"}},
+                UpdateExpression="SET n = :v, n = :v",
+                ExpressionAttributeValues={":v": {"N": "1"}},
+            )
+    assert values(table)["i1"] == "11"
+
+
 EVERY_TYPE = {
     "id": {"S": "every"},
     "n": {"N": "1.50"},
@@ -243,8 +281,9 @@ def test_plain_json_answers_are_what_motos_serializer_writes():
 
 
 def _compared() -> list:
-    """A query over numbers and strings, in both orders, and conditions that compare
-    numbers written differently, strings, a map and a set: what each answers."""
+    """A query over numbers and strings (two items tied on the index's keys), in both
+    orders, and conditions that compare numbers written differently, strings, a map and a
+    set: what each answers."""
     client = boto3.client("dynamodb", region_name="us-east-1")
     client.create_table(
         TableName="c",
@@ -266,6 +305,8 @@ def _compared() -> list:
         ],
         BillingMode="PAY_PER_REQUEST",
     )
+    # ties with i2's 1.50 on the index's keys, and goes in first: the table's key decides
+    client.put_item(TableName="c", Item={"id": {"S": "z0"}, "p": {"S": "a"}, "due": {"N": "1.5"}})
     for n, due in enumerate(["9", "10", "1.50", "-2", "100", "1.5e1", "0.001"]):
         item = {"id": {"S": f"i{n}"}, "p": {"S": "a" if n % 3 else "b"}, "due": {"N": due}}
         item |= {"m": {"M": {"k": {"N": "1"}}}, "s": {"SS": ["x", "y"]}}
@@ -323,7 +364,8 @@ def test_values_compare_and_sort_as_motos_own():
     with mock_aws(), dynamodb_patches():
         patched = _compared()
     assert patched == by_moto
-    assert [item["due"]["N"] for item in by_moto[0]] == ["1.50", "10", "1.5e1"]  # as numbers
+    assert [item["id"]["S"] for item in by_moto[0]] == ["i2", "z0", "i1", "i5"]
+    assert [item["due"]["N"] for item in by_moto[0]] == ["1.50", "1.5", "10", "1.5e1"]  # numbers
     assert by_moto[2:4] == [("due = :v", "written"), ("due = :v", "refused")]  # 9.0 is 9
     assert [verdict for _, verdict in by_moto[2:]].count("refused") == 6  # one of each pair
 
@@ -353,7 +395,7 @@ def test_the_runtimes_own_endpoints_go_past_motos_stubber_and_aws_urls_do_not():
 
 def test_item_sizes_are_motos_own():
     """Strings and numbers take a quicker path to their size (an item's against 400 KB,
-    a page's against 1 MB): every type answers as moto sizes it."""
+    a page's against 1 MB): every type answers as moto sizes it, and so does an item."""
     from moto.dynamodb.models.dynamo_type import DynamoType
 
     values = [
@@ -369,9 +411,15 @@ def test_item_sizes_are_motos_own():
         {"L": [{"S": "x"}, {"N": "3"}]},
         {"M": {"k": {"S": "vé"}, "n": {"N": "7"}}},
     ]
-    by_moto = [DynamoType(value).size() for value in values]
+    from moto.dynamodb.models.dynamo_type import Item
+
+    def item() -> Item:
+        attrs = {f"a{n}é": value for n, value in enumerate(values)}
+        return Item(DynamoType({"S": "k"}), None, {"k": {"S": "k"}} | attrs)
+
+    by_moto = [DynamoType(value).size() for value in values] + [item().size()]
     with dynamodb_patches():
-        patched = [DynamoType(value).size() for value in values]
+        patched = [DynamoType(value).size() for value in values] + [item().size()]
     assert patched == by_moto
     assert by_moto[:4] == [5, 14, 7, 4]  # UTF-8 bytes; a number's digits as written
 
