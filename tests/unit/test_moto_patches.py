@@ -396,7 +396,7 @@ def test_the_runtimes_own_endpoints_go_past_motos_stubber_and_aws_urls_do_not():
 def test_item_sizes_are_motos_own():
     """Strings and numbers take a quicker path to their size (an item's against 400 KB,
     a page's against 1 MB): every type answers as moto sizes it, and so does an item."""
-    from moto.dynamodb.models.dynamo_type import DynamoType
+    from moto.dynamodb.models.dynamo_type import DynamoType, Item
 
     values = [
         {"S": "plain"},
@@ -411,7 +411,6 @@ def test_item_sizes_are_motos_own():
         {"L": [{"S": "x"}, {"N": "3"}]},
         {"M": {"k": {"S": "vé"}, "n": {"N": "7"}}},
     ]
-    from moto.dynamodb.models.dynamo_type import Item
 
     def item() -> Item:
         attrs = {f"a{n}é": value for n, value in enumerate(values)}

@@ -187,7 +187,8 @@ def _traverse(traverser: Any, node: Any, child_id: int = -1) -> Any:
     return node
 
 
-_pickled_trees: dict[int, tuple[Any, bytes]] = {}  # by id, with the tree kept alive
+# By the tree's id, with the tree itself kept alive so that no other object takes its id.
+_pickled_trees: dict[int, tuple[Any, bytes]] = {}
 TREES_KEPT = 1024  # as many as `parsed_update_expressions` keeps parsed
 
 
@@ -198,12 +199,11 @@ def _tree_copy(value: Any, memo: Any = None) -> Any:
 
     if not isinstance(value, Node) or memo is not None:
         return copy.deepcopy(value, memo)
-    kept = _pickled_trees.get(id(value))
-    if kept is None or kept[0] is not value:
+    if id(value) not in _pickled_trees:
         if len(_pickled_trees) >= TREES_KEPT:
             _pickled_trees.clear()
-        kept = _pickled_trees[id(value)] = (value, pickle.dumps(value, pickle.HIGHEST_PROTOCOL))
-    return pickle.loads(kept[1])
+        _pickled_trees[id(value)] = (value, pickle.dumps(value, pickle.HIGHEST_PROTOCOL))
+    return pickle.loads(_pickled_trees[id(value)][1])
 
 
 @contextmanager
@@ -244,8 +244,9 @@ def expression_checks_once() -> Iterator[None]:
         validators.UpdateHashRangeKeyValidator,
     )
     init, validate = validators.UpdateExpressionValidator.__init__, validators.Validator.validate
-    passed: set[tuple[int, str, tuple[str, ...]]] = set()
-    parsed: dict[int, Any] = {}  # the expressions those keys name, kept alive while they do
+    # By the expression's id, its names and the table's keys; the expression itself is kept
+    # alive with its key, so that no other object takes its id.
+    passed: dict[tuple[int, str, tuple[str, ...]], Any] = {}
 
     def checked_init(
         validator: Any,
@@ -261,7 +262,7 @@ def expression_checks_once() -> Iterator[None]:
         )  # fmt: skip
         names = json.dumps(expression_attribute_names or {}, sort_keys=True)
         key = (id(expression), names, tuple(table.table_key_attrs))
-        if key in passed and parsed.get(id(expression)) is expression:
+        if key in passed:
             kept = [p for p in validator.processors if not isinstance(p, expression_only)]
             validator.processors = kept
         else:
@@ -270,12 +271,10 @@ def expression_checks_once() -> Iterator[None]:
     def validate_and_remember(validator: Any) -> Any:
         validated = validate(validator)
         if hasattr(validator, "checked_as"):
-            (key, expression) = validator.checked_as
             if len(passed) >= TREES_KEPT:
                 passed.clear()
-                parsed.clear()
-            passed.add(key)
-            parsed[key[0]] = expression
+            key, expression = validator.checked_as
+            passed[key] = expression
         return validated
 
     with ExitStack() as patches:

@@ -421,10 +421,7 @@ class EmbeddedRuntime:
         environment = {"AWS_ENDPOINT_URL_DYNAMODB": endpoint}
         self._exits.enter_context(mock.patch.dict(os.environ, environment))
         if isinstance(self.dynamodb, DynamoDBProcess):  # DynamoDB Local wants a signature
-            events = boto3.DEFAULT_SESSION.events
-            hook = unsigned_to(endpoint)
-            events.register("before-call.dynamodb", hook)
-            self._exits.callback(events.unregister, "before-call.dynamodb", hook)
+            self._before_dynamodb_calls(unsigned_to(endpoint))
         self._forget_process_caches()
 
     @staticmethod
@@ -447,19 +444,24 @@ class EmbeddedRuntime:
     def _put_gates_first(self) -> None:
         """DynamoDB calls wait while a gate is about to let go (`tocsin.local.gates_first`);
         the hook is on boto3's default session, so every client made from now on has it."""
-        import boto3
-
         from tocsin import gate
 
         first = GatesFirst()
         self._exits.enter_context(
             mock.patch.object(gate, "wait_until", first.gate(gate.wait_until))
         )
+        self._before_dynamodb_calls(first.yield_to_gates)
+
+    def _before_dynamodb_calls(self, hook: Callable[..., None]) -> None:
+        """`hook` on every DynamoDB call of a client made from now on (on boto3's default
+        session), until the stop."""
+        import boto3
+
         if boto3.DEFAULT_SESSION is None:
             boto3.setup_default_session()
         events = boto3.DEFAULT_SESSION.events
-        events.register("before-call.dynamodb", first.yield_to_gates)
-        self._exits.callback(events.unregister, "before-call.dynamodb", first.yield_to_gates)
+        events.register("before-call.dynamodb", hook)
+        self._exits.callback(events.unregister, "before-call.dynamodb", hook)
 
     def _print_no_full_metric_sets(self) -> None:
         """Powertools prints a metric set as soon as one metric holds 100 values, even with
