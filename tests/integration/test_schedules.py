@@ -149,25 +149,29 @@ def test_two_finders_at_once_make_one_task_per_occurrence(runtime, receiver):
     # Both finders read which schedules are due before either turns one, as two runs at once
     # on AWS can: each shard's query waits for the other finder's (on a busy machine one
     # finder once turned a schedule before the other had read it, and found three).
-    both_read, reports = threading.Barrier(2, timeout=30), []
+    # The query's parameters are tagged before botocore builds the request from them.
+    both_read, reports, waited = threading.Barrier(2, timeout=30), [], Counter[str]()
 
     def tag(params: dict, context: dict, **_: object) -> None:
         context["schedules_due"] = params.get("IndexName") == SCHEDULE_DUE_INDEX
 
     def pair(context: dict, **_: object) -> None:
         if context.get("schedules_due"):
+            waited[threading.current_thread().name] += 1
             both_read.wait()
 
     def finder() -> None:
         reports.append(materialize_due(settings(), later)[1])
 
-    threads = [threading.Thread(target=finder) for _ in range(2)]
+    threads = [threading.Thread(target=finder, name=f"finder{i}") for i in range(2)]
     client = aws.resource("dynamodb").meta.client
-    with hooked(client, ("before-call.dynamodb.Query", tag), ("after-call.dynamodb.Query", pair)):
+    hooks = ("before-parameter-build.dynamodb.Query", tag), ("after-call.dynamodb.Query", pair)
+    with hooked(client, *hooks):
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
+    assert waited == {"finder0": settings().shards, "finder1": settings().shards}
     assert [r["schedules_due"] for r in reports] == [4, 4]  # each finder found all four
     tasks = all_tasks()
     per_schedule = Counter(t["schedule_id"] for t in tasks)
