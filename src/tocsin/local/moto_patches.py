@@ -700,7 +700,9 @@ def no_thread_history() -> Iterator[None]:
 
     running_only = _RunningThreads()
     with ExitStack() as patches:
-        for name, module in list(sys.modules.items()):
+        # a copy made at once: another thread's import can add a module while a loop
+        # over the items runs (Python code can run in between, a collector's finalizer)
+        for name, module in sys.modules.copy().items():
             if name.startswith("moto.stepfunctions.parser") and hasattr(module, "TMP_THREADS"):
                 patches.enter_context(mock.patch.object(module, "TMP_THREADS", running_only))
         yield
