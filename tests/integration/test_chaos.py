@@ -24,6 +24,24 @@ RUNS = dict.fromkeys(SCENARIOS, (15, 3)) | {  # tasks and seed
     "ambiguous-writes": (12, 4),
     "executor-timeouts": (9, 4),
 }
+# The faults each scenario must have met, by kind: a run that met none proves nothing.
+FAULTS = {
+    "finder-crash": {"finder_crashes"},
+    "racing-finders": {"finders_in_step"},
+    "throttled-starts": {"throttled_starts"},
+    "dynamodb-faults": {"throttled_writes", "writes_answered_500"},
+    "ambiguous-writes": {"committed_then_500"},
+    "executor-timeouts": {"timed_out_invocations"},
+    "unmarked-sends": {"final_marks_refused", "sends_logged"},
+    "executor-faults": {"invocations_failed"},
+    "webhook-faults": {"receiver_faults"},
+    "restart": {"tasks_unfinished_at_stop"},
+}
+# Where the count is known: every crash planned, and each racing finder (two, then five).
+EXACTLY = {
+    "finder-crash": {"finder_crashes": chaos.FINDER_CRASHES},
+    "racing-finders": {"finders_in_step": 2 + 5},
+}
 AWS_FAULTS = "chaos-aws-faults"  # the two runs one test judges together
 GROUPS = {"ambiguous-writes": AWS_FAULTS, "executor-timeouts": AWS_FAULTS}
 
@@ -43,6 +61,9 @@ def test_scenario_loses_duplicates_and_hurries_nothing(name):
     result = result_of(name)
     assert {k: result[k] for k in ZERO} == ZERO, result
     assert result["fired"] + result["failed_to_dlq"] + result["cancelled"] == result["tasks"] > 0
+    met = result["faults_met"]
+    assert set(met) == FAULTS.get(name, set()) and all(n > 0 for n in met.values()), met
+    assert met.items() >= EXACTLY.get(name, {}).items(), met
 
 
 @group("cancel-reschedule")
@@ -99,16 +120,16 @@ def test_chaos_command_refuses_too_few_tasks(capsys):
 @group("unmarked-sends")
 def test_sends_the_table_would_not_mark_are_logged_and_never_sent_twice():
     result = result_of("unmarked-sends")
-    assert result["sends_logged"] > 0  # marks were refused after their sends
+    assert result["faults_met"]["sends_logged"] > 0  # marks were refused after their sends
     assert result["fired"] == result["tasks"] and result["duplicates"] == 0
 
 
 @group("ambiguous-writes")
 def test_the_aws_faults_moto_does_not_show_really_happened():
     ambiguous = result_of("ambiguous-writes")
-    assert ambiguous["committed_then_500"] > 0
+    assert ambiguous["faults_met"]["committed_then_500"] > 0
     timeouts = result_of("executor-timeouts")
-    assert timeouts["timed_out_invocations"] > 0
+    assert timeouts["faults_met"]["timed_out_invocations"] > 0
     for result in (ambiguous, timeouts):
         assert {k: result[k] for k in ZERO} == ZERO, result
         assert result["fired"] == result["tasks"]

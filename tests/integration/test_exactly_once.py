@@ -32,33 +32,18 @@ from tests.conftest import (
 from tocsin import aws, clock
 from tocsin.dispatch import execution_arn
 from tocsin.executor import DeliveryInProgress, TableUnavailable
+from tocsin.finder import HORIZON as FINDER_HORIZON
+from tocsin.measure.chaos import finders_in_step
 from tocsin.measure.cost import transitions
 from tocsin.settings import settings
-from tocsin.store import DUE_INDEX, Claim
+from tocsin.store import HORIZONS_KEY, Claim
 
 
 def test_two_finders_at_once_fire_each_task_once(runtime, receiver):
     """Both finders read every due shard before either starts anything."""
     ids = store_pending(receiver.url, 12, 2500, "race")
-    client = aws.resource("dynamodb").meta.client
-    both_read, seen, held = threading.Barrier(2, timeout=30), threading.local(), []
-
-    def count(params: dict, **_: object) -> None:
-        """Counts reads of the tasks' due shards (not the schedules' or the check shards)."""
-        shard = str(params.get("ExpressionAttributeValues", {}).get(":shard"))
-        due_read = params.get("IndexName") == DUE_INDEX and "check" not in shard
-        if threading.current_thread().name.startswith("finder") and due_read:
-            seen.due_queries = getattr(seen, "due_queries", 0) + 1
-
-    def hold(**_: object) -> None:
-        if getattr(seen, "due_queries", 0) == settings().shards and not hasattr(seen, "held"):
-            seen.held = True
-            held.append(threading.current_thread().name)
-            both_read.wait()
-
     reports = []
-    hooks = ("before-parameter-build.dynamodb.Query", count), ("after-call.dynamodb.Query", hold)
-    with hooked(client, *hooks):
+    with finders_in_step(2) as held:
         threads = [
             threading.Thread(target=lambda: reports.append(runtime.run_finder()), name=f"finder{i}")
             for i in range(2)
@@ -82,12 +67,16 @@ def tables() -> object:
     return aws.resource("dynamodb").meta.client
 
 
-def _connection_lost(**_: object) -> None:
-    raise EndpointConnectionError(endpoint_url="https://dynamodb.us-east-1.amazonaws.com")
+def _horizon_lost(params: dict, **_: object) -> None:
+    """The finder's horizon write loses its connection (the reconciler's own, before it,
+    goes through)."""
+    finders = params.get("ExpressionAttributeNames", {}).get("#h") == FINDER_HORIZON
+    if params["Key"] == HORIZONS_KEY and finders:
+        raise EndpointConnectionError(endpoint_url="https://dynamodb.us-east-1.amazonaws.com")
 
 
 # a finder dying after its starts, at its horizon's write
-HORIZON_LOST = ("before-call.dynamodb.UpdateItem", _connection_lost)
+HORIZON_LOST = ("before-parameter-build.dynamodb.UpdateItem", _horizon_lost)
 
 
 @pytest.mark.slow

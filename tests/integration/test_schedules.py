@@ -198,6 +198,7 @@ def test_a_failed_or_ambiguous_write_makes_no_task_twice_and_skips_none(
         "TransactWriteItems", [Fault("InternalServerError", 500, share, after_commit)], seed=3
     )
     _, report = materialize_due(settings(), later)  # the schedule fails, the run goes on
+    assert runtime.dynamodb.usage()["injected"]["InternalServerError"] >= 1
     # refused every time: the schedule fails; committed, then refused: botocore's retries
     # meet the moved schedule and the finder reads it again (unless every retry is refused)
     assert report["schedule_errors"] in ({0, 1} if after_commit else {1})

@@ -38,7 +38,7 @@ from tocsin.measure import placed_long_ago
 from tocsin.measure.receiver import WebhookReceiver, allowing
 from tocsin.sent import SentLog
 from tocsin.settings import settings
-from tocsin.store import HORIZONS_KEY
+from tocsin.store import DUE_INDEX, HORIZONS_KEY
 
 LEAD_IN_MS = 6000  # tasks fall due from this far ahead, so every path has room to run
 EXECUTORS = "ExecutorFunction"
@@ -61,14 +61,27 @@ class Trial:
     extra_creations: int = 0  # submissions beyond the first that created a task again
     may_fail: set[str] = field(default_factory=set)  # ids the scenario means to fail
     notes: dict[str, Any] = field(default_factory=dict)  # what a scenario saw, reported as is
+    faults_met: Counter[str] = field(default_factory=Counter)  # by kind, as they happened
     runtimes: ExitStack = field(default_factory=ExitStack)  # this runtime, and any restarted
     exits: ExitStack = field(default_factory=ExitStack)  # the scenario's faults
-    _rng_lock: threading.Lock = field(default_factory=threading.Lock)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def roll(self) -> float:
         """A random number in [0, 1), safe to draw from the runtime's many threads."""
-        with self._rng_lock:
+        with self._lock:
             return self.rng.random()
+
+    def met(self, fault: str, times: int = 1) -> None:
+        """Count a fault the run met: a run that met none of its faults proves nothing."""
+        with self._lock:
+            self.faults_met[fault] += times
+
+    def met_injected(self, names: dict[str, str]) -> None:
+        """Count the faults the DynamoDB process injected, by error code, as `names` names
+        them (a code it has not injected counts 0)."""
+        injected = self.runtime.dynamodb.usage()["injected"]
+        for code, name in names.items():
+            self.met(name, injected.get(code, 0))
 
     def body(self, task_id: str, due_ms: int, path: str = "/ok") -> dict[str, Any]:
         return {
@@ -111,11 +124,12 @@ class Trial:
         """Stop the runtime (it saves its state) and start another on that state."""
         self.runtime.stop()
         saved = json.loads(self.runtime.state_file.read_text())  # type: ignore[union-attr]
-        self.notes["at_stop"] = dict(
-            Counter(
-                item["status"]["S"] for item in saved["tables"]["TasksTable"] if "status" in item
-            )
+        at_stop = Counter(
+            item["status"]["S"] for item in saved["tables"]["TasksTable"] if "status" in item
         )
+        self.notes["at_stop"] = dict(at_stop)
+        unfinished = sum(at_stop[status] for status in ("PENDING", "RUNNING"))
+        self.met("tasks_unfinished_at_stop", unfinished)
         self.runtime = self.runtimes.enter_context(
             _runtime(self.runtime.state_file, self.receiver.url)
         )
@@ -219,9 +233,10 @@ def _current(item: dict[str, Any]) -> str:
 # -- the scenarios -------------------------------------------------------------------------
 
 
-def _together(work: list[Callable[[], None]]) -> None:
-    """Run each callable on its own thread, all at once, and wait for them all."""
-    threads = [threading.Thread(target=one) for one in work]
+def _together(work: list[Callable[[], Any]], name: str) -> None:
+    """Run each callable on its own thread (`name` and its number), all at once, and wait
+    for them all."""
+    threads = [threading.Thread(target=one, name=f"{name}{n}") for n, one in enumerate(work)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -242,6 +257,7 @@ def finder_crash(trial: Trial, tasks: int) -> None:
         horizon = params.get("ExpressionAttributeNames", {}).get("#h") == FINDER_HORIZON
         if params["Key"]["task_id"] == HORIZONS_KEY["task_id"] and horizon and crashes[0]:
             crashes[0] -= 1
+            trial.met("finder_crashes")
             raise EndpointConnectionError(endpoint_url="https://dynamodb")
 
     client.meta.events.register("before-parameter-build.dynamodb.UpdateItem", crash)
@@ -254,17 +270,48 @@ def finder_crash(trial: Trial, tasks: int) -> None:
     trial.finder_until_done()
 
 
+@contextmanager
+def finders_in_step(parties: int) -> Iterator[list[str]]:
+    """Finders run meanwhile on threads named "finder…" wait, once each has read every due
+    shard, until `parties` have: all read the same due tasks before any starts one or moves
+    the horizon, as runs at once on AWS can (merely started together, one often ends before
+    another reads). Yields the names of the threads that waited, as they wait."""
+    client = aws.resource("dynamodb").meta.client
+    barrier, seen, held = threading.Barrier(parties, timeout=60), threading.local(), []
+
+    def count(params: dict[str, Any], **_: Any) -> None:
+        """A finder's read of a due shard: up to a moment ahead (the reconciler, first in
+        the same invocation, reads the same shards up to a moment past, and its checks)."""
+        values = params.get("ExpressionAttributeValues", {})
+        shard_read = params.get("IndexName") == DUE_INDEX and "check" not in str(values[":shard"])
+        ahead = int(values.get(":until", 0)) > clock.now_ms()
+        if shard_read and ahead and threading.current_thread().name.startswith("finder"):
+            seen.reads = getattr(seen, "reads", 0) + 1
+
+    def hold(**_: Any) -> None:
+        if getattr(seen, "reads", 0) == settings().shards and not getattr(seen, "held", False):
+            seen.held = True
+            held.append(threading.current_thread().name)
+            barrier.wait()
+
+    hooks = (("before-parameter-build.dynamodb.Query", count), ("after-call.dynamodb.Query", hold))
+    for event, handler in hooks:
+        client.meta.events.register(event, handler)
+    try:
+        yield held
+    finally:
+        for event, handler in hooks:
+            client.meta.events.unregister(event, handler)
+
+
 def racing_finders(trial: Trial, tasks: int) -> None:
-    """Two, then five finders at the same moment over the same due tasks."""
+    """Two, then five finders at once over the same due tasks, each reading them all
+    before any goes on."""
     for finders, prefix in ((2, "two"), (5, "five")):
         trial.store(tasks // 2, prefix)
-        barrier = threading.Barrier(finders)
-
-        def run(barrier: threading.Barrier = barrier) -> None:
-            barrier.wait()
-            trial.runtime.run_finder()
-
-        _together([run] * finders)
+        with finders_in_step(finders) as held:
+            _together([trial.runtime.run_finder] * finders, "finder")
+        trial.met("finders_in_step", len(held))
 
 
 def throttled_starts(trial: Trial, tasks: int) -> None:
@@ -275,6 +322,7 @@ def throttled_starts(trial: Trial, tasks: int) -> None:
 
     def throttled(backend: Any, *args: Any, **kwargs: Any) -> Any:
         if trial.roll() < 0.5:
+            trial.met("throttled_starts")
             raise JsonRESTError("ThrottlingException", "Rate exceeded")
         return start(backend, *args, **kwargs)
 
@@ -293,6 +341,8 @@ def dynamodb_faults(trial: Trial, tasks: int) -> None:
     ]
     # In the DynamoDB process, which ends with the runtime: no need to take them back.
     trial.runtime.dynamodb.set_faults("UpdateItem", faults, seed=trial.rng.randrange(2**32))
+    met = {"ProvisionedThroughputExceededException": "throttled_writes"}
+    trial.exits.callback(trial.met_injected, met | {"InternalServerError": "writes_answered_500"})
     trial.store(tasks, "dynamodb")
     trial.finder_until_done()
 
@@ -302,12 +352,9 @@ def ambiguous_writes(trial: Trial, tasks: int) -> None:
     botocore sends them again, and each retry must find its own write."""
     faults = [Fault("InternalServerError", 500, 1 / 4, after_commit=True)]
     trial.runtime.dynamodb.set_faults("UpdateItem", faults, seed=trial.rng.randrange(2**32))
+    trial.exits.callback(trial.met_injected, {"InternalServerError": "committed_then_500"})
     trial.store(tasks, "ambiguous")
     trial.finder_until_done()
-    trial.settle()
-    trial.notes["committed_then_500"] = trial.runtime.dynamodb.usage()["injected"].get(
-        "InternalServerError", 0
-    )
 
 
 # The scenario's: the local lead (5 s), the window and one webhook attempt (19 s) before the 3 s
@@ -328,7 +375,7 @@ def executor_timeouts(trial: Trial, tasks: int) -> None:
         named = {t["task_id"] for t in event.get("tasks", [])} if isinstance(event, dict) else set()
         if logical_id.endswith(EXECUTORS) and named & hanging:
             hanging.difference_update(named)
-            trial.notes["timed_out_invocations"] = trial.notes.get("timed_out_invocations", 0) + 1
+            trial.met("timed_out_invocations")
             time.sleep(EXECUTOR_TIMEOUT_S + 1)
             raise SandboxKilled("injected: the sandbox was killed at its timeout")
         return invoke(logical_id, event)
@@ -359,6 +406,7 @@ def unmarked_sends(trial: Trial, tasks: int) -> None:
         task_id = key.get("S") if isinstance(key, dict) else key
         final_mark = ":status" in params.get("ExpressionAttributeValues", {})
         if final_mark and task_id in refused and sent.find(task_id, 1) is None:
+            trial.met("final_marks_refused")
             error = {"Error": {"Code": "ProvisionedThroughputExceededException"}}
             raise ClientError(error, "UpdateItem")
 
@@ -369,7 +417,7 @@ def unmarked_sends(trial: Trial, tasks: int) -> None:
     trial.finder_until_done()
     trial.settle()
     logged = boto3.resource("dynamodb").Table(settings().sent_table).scan()["Items"]
-    trial.notes["sends_logged"] = len(logged)
+    trial.met("sends_logged", len(logged))
 
 
 class SandboxKilled(Exception):
@@ -392,6 +440,7 @@ def executor_faults(trial: Trial, tasks: int) -> None:
         named = {t["task_id"] for t in event.get("tasks", [])} if isinstance(event, dict) else set()
         if logical_id.endswith(EXECUTORS) and named & transient:
             transient.difference_update(named)
+            trial.met("invocations_failed")
             raise TableUnavailable("injected: the table is out of reach")
         return invoke(logical_id, event)
 
@@ -415,6 +464,13 @@ def webhook_faults(trial: Trial, tasks: int) -> None:
     for task_id in trial.store(per_path, "down", "/down/{id}"):
         trial.receiver.status_for[f"/down/{task_id}"] = 500
         trial.may_fail.add(task_id)
+    planned = sum(len(script) for script in trial.receiver.script_for.values())
+
+    def replies_met() -> None:
+        left = sum(len(script) for script in trial.receiver.script_for.values())
+        trial.met("receiver_faults", planned - left)
+
+    trial.exits.callback(replies_met)
     trial.finder_until_done()
 
 
@@ -522,7 +578,7 @@ def duplicate_submissions(trial: Trial, tasks: int) -> None:
             with lock:
                 created[task_id] += status == 201
 
-    _together([client] * 5)
+    _together([client] * 5, "client")
     trial.extra_creations = sum(max(0, n - 1) for n in created.values())
 
 
@@ -571,7 +627,7 @@ def run_scenario(name: str, tasks: int, seed: int = 7) -> dict[str, Any]:
         world.settle()  # the tasks fire with the fault still on
         world.exits.close()  # then it is off: anything left runs as after a recovery
         world.settle()
-        return {**world.judge(), **world.notes}
+        return {**world.judge(), **world.notes, "faults_met": dict(world.faults_met)}
 
 
 def main(names: list[str], tasks: int, seed: int, as_json: bool) -> int:
@@ -601,6 +657,9 @@ def main(names: list[str], tasks: int, seed: int, as_json: bool) -> int:
         table.add_row(name, *(str(result[k]) for k in JUDGED))
     console.print(table)
     for name, result in results.items():
+        if result["faults_met"]:
+            met = ", ".join(f"{fault} {n}" for fault, n in result["faults_met"].items())
+            console.print(f"{name}: faults met: {met}")
         for task_id, error in result.get("unplanned_failures", {}).items():
             console.print(f"{name}: {task_id} failed, unplanned: {error}", markup=False)
         if "at_stop" in result:
