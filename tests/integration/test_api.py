@@ -383,7 +383,8 @@ def test_cancel_or_reschedule_after_the_fire_is_a_conflict(runtime, receiver):
 def test_cancel_racing_the_fire_gives_exactly_one_outcome(runtime, receiver):
     """Cancels land around the claim, which follows the wake of each task's execution (read
     from the execution's input): each task is either cancelled and never fired, or fired once
-    and the cancel refused. Both happen, so the race took place."""
+    and the cancel refused, and both happen. (Which side of the claim each cancel lands on
+    is the machine's timing: the next test forces the cancel between read and claim.)"""
     due = clock.now_ms() + settings().lead_ms + 4000  # the wake comes 3-4 s from now
     offsets = [-2500, -1500, -1000, -500, -250, 0, 250, 500, 1000, 4000]
     for i in range(len(offsets)):
@@ -410,6 +411,28 @@ def test_cancel_racing_the_fire_gives_exactly_one_outcome(runtime, receiver):
             assert status == 409 and final["status"] == "SUCCEEDED", task_id
             assert fired[task_id] == 1, task_id
     assert outcomes["race-0"] == 200 and outcomes[f"race-{len(offsets) - 1}"] == 409
+
+
+def test_a_cancel_landing_while_the_claim_is_on_its_way_wins_and_nothing_fires(runtime, receiver):
+    """The executor has read the task and is sending its claim when the cancel lands first
+    (here the claim waits for the cancel's answer): the claim's condition fails, the cancel
+    stands, and nothing is sent."""
+    call_api(runtime, "POST", "/tasks", webhook_task(receiver.url, clock.now_ms() + 2000, "held"))
+    claiming, answered = threading.Event(), threading.Event()
+
+    def hold_the_claim(params: dict, **_: object) -> None:
+        if "lease_until = :lease" in params.get("UpdateExpression", "") and not claiming.is_set():
+            claiming.set()
+            answered.wait(30)
+
+    client = aws.resource("dynamodb").meta.client
+    with hooked(client, ("before-parameter-build.dynamodb.UpdateItem", hold_the_claim)):
+        assert claiming.wait(30)  # the execution woke and its executor is claiming
+        status, _ = call_api(runtime, "DELETE", "/tasks/held")
+        answered.set()
+        assert runtime.wait_for_executions(15)
+    assert status == 200 and stored("held")["status"] == "CANCELLED"
+    assert receiver.received() == []
 
 
 @pytest.mark.slow
