@@ -1,6 +1,7 @@
 """Fixtures: the embedded runtime (the real template, ASL and handlers on moto) and a receiver."""
 
 import json
+import logging
 import os
 import re
 import signal
@@ -29,6 +30,11 @@ from tocsin.submit import new_item
 # The tests' receivers listen on loopback, each on a port of its own: allow the host, as an
 # operator would with WebhookAllowedHosts (nothing internal is allowed by default).
 LOOPBACK_ALLOWED = {"WebhookAllowedHosts": "127.0.0.1"}
+
+# moto's Step Functions interpreter logs each failed state with its whole parsed tree (tens
+# of kB); the tests read an execution's history instead. An execution a stopped runtime
+# left waiting, failing later on tables that are gone, printed it into the run's output.
+logging.getLogger("moto.stepfunctions").setLevel(logging.CRITICAL)
 
 
 @pytest.hookimpl(trylast=True)
