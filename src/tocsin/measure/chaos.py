@@ -272,10 +272,10 @@ def finder_crash(trial: Trial, tasks: int) -> None:
 
 @contextmanager
 def finders_in_step(parties: int) -> Iterator[list[str]]:
-    """Finders run meanwhile on threads named "finder…" wait, once each has read every due
-    shard, until `parties` have: all read the same due tasks before any starts one or moves
-    the horizon, as runs at once on AWS can (merely started together, one often ends before
-    another reads). Yields the names of the threads that waited, as they wait."""
+    """While open, a finder on a thread named "finder…" waits, once it has read every due
+    shard, until `parties` finders have: all read the same due tasks before any starts one
+    or moves the horizon, as runs at once on AWS can (finders merely started together often
+    end one before another reads). Yields the names of the threads that waited."""
     client = aws.resource("dynamodb").meta.client
     barrier, seen, held = threading.Barrier(parties, timeout=60), threading.local(), []
 
@@ -341,8 +341,11 @@ def dynamodb_faults(trial: Trial, tasks: int) -> None:
     ]
     # In the DynamoDB process, which ends with the runtime: no need to take them back.
     trial.runtime.dynamodb.set_faults("UpdateItem", faults, seed=trial.rng.randrange(2**32))
-    met = {"ProvisionedThroughputExceededException": "throttled_writes"}
-    trial.exits.callback(trial.met_injected, met | {"InternalServerError": "writes_answered_500"})
+    met = {
+        "ProvisionedThroughputExceededException": "throttled_writes",
+        "InternalServerError": "writes_answered_500",
+    }
+    trial.exits.callback(trial.met_injected, met)
     trial.store(tasks, "dynamodb")
     trial.finder_until_done()
 
