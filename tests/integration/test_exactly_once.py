@@ -32,11 +32,10 @@ from tests.conftest import (
 from tocsin import aws, clock
 from tocsin.dispatch import execution_arn
 from tocsin.executor import DeliveryInProgress, TableUnavailable
-from tocsin.finder import HORIZON as FINDER_HORIZON
-from tocsin.measure.chaos import finders_in_step
+from tocsin.measure.chaos import finders_horizon_write, finders_in_step
 from tocsin.measure.cost import transitions
 from tocsin.settings import settings
-from tocsin.store import HORIZONS_KEY, Claim
+from tocsin.store import Claim
 
 
 def test_two_finders_at_once_fire_each_task_once(runtime, receiver):
@@ -70,8 +69,7 @@ def tables() -> object:
 def _horizon_lost(params: dict, **_: object) -> None:
     """The finder's horizon write loses its connection (the reconciler's own, before it,
     goes through)."""
-    finders = params.get("ExpressionAttributeNames", {}).get("#h") == FINDER_HORIZON
-    if params["Key"] == HORIZONS_KEY and finders:
+    if finders_horizon_write(params):
         raise EndpointConnectionError(endpoint_url="https://dynamodb.us-east-1.amazonaws.com")
 
 

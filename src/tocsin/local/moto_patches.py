@@ -109,6 +109,9 @@ def item_backed_transactions() -> Iterator[None]:
         yield
 
 
+TREES_KEPT = 1024  # parsed expressions kept, and as many of their pickles and checks
+
+
 @contextmanager
 def parsed_update_expressions() -> Iterator[None]:
     """moto parses an UpdateItem's UpdateExpression twice (once to check the request, once
@@ -117,7 +120,7 @@ def parsed_update_expressions() -> Iterator[None]:
     validator resolves names and values in a deep copy of it."""
     from moto.dynamodb.parsing.expressions import UpdateExpressionParser
 
-    parsed = functools.lru_cache(maxsize=1024)(UpdateExpressionParser.make)
+    parsed = functools.lru_cache(maxsize=TREES_KEPT)(UpdateExpressionParser.make)
     with mock.patch.object(UpdateExpressionParser, "make", parsed):
         yield
 
@@ -189,7 +192,6 @@ def _traverse(traverser: Any, node: Any, child_id: int = -1) -> Any:
 
 # By the tree's id, with the tree itself kept alive so that no other object takes its id.
 _pickled_trees: dict[int, tuple[Any, bytes]] = {}
-TREES_KEPT = 1024  # as many as `parsed_update_expressions` keeps parsed
 
 
 def _tree_copy(value: Any, memo: Any = None) -> Any:
@@ -479,7 +481,9 @@ def quicker_queries() -> Iterator[None]:
     moto sorts by comparing `DynamoType`s, each comparison a few Python calls; here by
     their Python values, which is what those comparisons compare (a key attribute has one
     type). With the quicker item sizes, a dispatch Query over 6,000 tasks took 35 ms of
-    CPU, then 28 (queries: a quarter of the DynamoDB process's CPU in `dense`)."""
+    CPU, then 28 (queries: a quarter of the DynamoDB process's CPU in `dense`). The
+    instance's `all_items` is this query's alone: the process serves one request at a time
+    (`_Service.lock`)."""
     from moto.dynamodb.models.table import Table
 
     query = Table.query

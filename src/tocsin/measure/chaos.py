@@ -246,6 +246,13 @@ def _together(work: list[Callable[[], Any]], name: str) -> None:
 FINDER_CRASHES = 3
 
 
+def finders_horizon_write(params: dict[str, Any]) -> bool:
+    """Whether an UpdateItem's parameters (at `before-parameter-build`) move the finder's
+    horizon (not the reconciler's, on the same item)."""
+    horizon = params.get("ExpressionAttributeNames", {}).get("#h") == FINDER_HORIZON
+    return params["Key"]["task_id"] == HORIZONS_KEY["task_id"] and horizon
+
+
 def finder_crash(trial: Trial, tasks: int) -> None:
     """The finder dies after its StartExecutions and before its horizon moves, three runs
     in a row, with new tasks stored between them: each next run reads the same entries
@@ -254,8 +261,7 @@ def finder_crash(trial: Trial, tasks: int) -> None:
     client = aws.resource("dynamodb").meta.client
 
     def crash(params: dict[str, Any], **_: Any) -> None:
-        horizon = params.get("ExpressionAttributeNames", {}).get("#h") == FINDER_HORIZON
-        if params["Key"]["task_id"] == HORIZONS_KEY["task_id"] and horizon and crashes[0]:
+        if finders_horizon_write(params) and crashes[0]:
             crashes[0] -= 1
             trial.met("finder_crashes")
             raise EndpointConnectionError(endpoint_url="https://dynamodb")
