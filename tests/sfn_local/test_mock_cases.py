@@ -1,7 +1,8 @@
 """The task machine on Step Functions Local with mocked integrations (docker-compose.yml).
 
-Run with `docker compose up -d` and `SFN_LOCAL_ENDPOINT=http://localhost:8083`; skipped
-otherwise. The mock file's consistency with the ASL is checked in tests/unit either way.
+Run with `docker compose up -d` and `SFN_LOCAL_ENDPOINT=http://localhost:8083`; not
+collected otherwise (tests/sfn_local/conftest.py). The same cases, and every other path of
+the machine, run on aws-local-stepfunctions in tests/integration/test_task_machine_paths.py.
 """
 
 import json
@@ -16,8 +17,7 @@ import boto3
 import pytest
 
 ROOT = Path(__file__).parents[2]
-ENDPOINT = os.environ.get("SFN_LOCAL_ENDPOINT")
-pytestmark = pytest.mark.skipif(not ENDPOINT, reason="set SFN_LOCAL_ENDPOINT (docker compose up)")
+ENDPOINT = os.environ["SFN_LOCAL_ENDPOINT"]
 MACHINE = "TaskMachine"  # the name the mock file's test cases are keyed by
 EXECUTION_INPUT = {
     "task_type": "webhook",
