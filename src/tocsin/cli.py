@@ -4,8 +4,11 @@ import argparse
 import json
 import os
 import re
+import signal
 import sys
-from contextlib import ExitStack
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -79,7 +82,6 @@ def _openapi(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     """The task API on 127.0.0.1 over the embedded runtime, until Ctrl-C."""
     import logging
-    import threading
 
     from tocsin.local.runtime import EmbeddedRuntime
     from tocsin.local.server import serving
@@ -121,7 +123,6 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _console(args: argparse.Namespace) -> int:
     """The console on 127.0.0.1 against a deployed stack's API, until Ctrl-C."""
-    import threading
 
     from botocore.exceptions import BotoCoreError, ClientError
 
@@ -568,7 +569,31 @@ def main(argv: list[str] | None = None) -> int:
         parser().error("reschedule needs --at, --payload or both")
     if args.command == "schedule" and args.action == "update" and not _schedule_changes(args):
         parser().error("schedule update needs at least one option to change")
-    return int(args.run(args))
+    if args.command not in RUN_UNTIL_STOPPED:
+        return int(args.run(args))
+    with sigterm_as_interrupt():
+        return int(args.run(args))
+
+
+# Commands that run a runtime or a server until they end or are stopped: SIGTERM (a service
+# manager's stop, `kill`) stops them as Ctrl-C does, so the stop runs (a state file saved,
+# child processes ended), where Python's default would end the process there and then.
+RUN_UNTIL_STOPPED = {"serve", "console", "demo", "bench", "chaos"}
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():  # only there can it
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

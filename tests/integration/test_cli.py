@@ -1,4 +1,5 @@
-"""The two commands a user runs first: `tocsin demo` and `tocsin invoke`."""
+"""The two commands a user runs first, `tocsin demo` and `tocsin invoke`; and the measures
+leave nothing running when they end."""
 
 import json
 import os
@@ -9,13 +10,15 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import last_json
+from tests.integration.test_leftovers import MARK, all_gone, marked_environment
+from tocsin.local.dynamodb_local import jar
 
 pytestmark = pytest.mark.slow  # each command starts a runtime in a process of its own
 
 ROOT = Path(__file__).parents[2]
 
 
-def tocsin(*args: str) -> subprocess.CompletedProcess:
+def tocsin(*args: str, environment: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "tocsin.cli", *args],
         cwd=ROOT,
@@ -23,12 +26,16 @@ def tocsin(*args: str) -> subprocess.CompletedProcess:
         text=True,
         timeout=240,
         check=False,
+        env=environment,
     )
 
 
 def test_demo_fires_every_task_once_and_never_early():
-    run = tocsin("demo", "--tasks", "30", "--spread", "25", "--json", "--seed", "7")
+    mark, environment = marked_environment()
+    args = ("demo", "--tasks", "30", "--spread", "25", "--json", "--seed", "7")
+    run = tocsin(*args, environment=environment)
     assert run.returncode == 0, run.stderr[-2000:]
+    assert all_gone(mark) == []  # the DynamoDB process and the receiver ended with it
     summary = last_json(run.stdout)
     assert summary["submitted"] == summary["fired"] == 30
     assert summary["duplicates"] == summary["early"] == summary["lost"] == 0
@@ -59,3 +66,19 @@ def test_invoke_names_the_functions_when_one_is_unknown():
     run = tocsin("invoke", "NoSuchFunction", "--event", "events/finder_scheduled.json")
     assert run.returncode == 2
     assert "FinderFunction" in run.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["bench", "--scenarios", "sparse", "--scale", "0.05"],
+        ["chaos", "--scenarios", "duplicate-submissions", "--tasks", "5"],
+    ],
+    ids=["bench", "chaos"],
+)
+def test_a_measure_leaves_nothing_running_when_it_ends(command):
+    mark, environment = marked_environment()
+    tables = ["--tables", "dynamodb-local"] if jar() and command[0] == "bench" else []
+    run = tocsin(*command, *tables, environment=environment)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert MARK in environment and all_gone(mark) == []
