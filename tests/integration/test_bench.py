@@ -10,7 +10,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
-from tests.conftest import last_json
+from tests.conftest import MANY_P99_LATE_MS, last_json
 from tocsin.cli import main
 from tocsin.dispatch import Batch, DueTask, execution_input
 from tocsin.local.dynamodb_local import jar
@@ -35,8 +35,9 @@ def test_spread_times_tocsin_and_the_baseline_on_the_same_plan(tmp_path, capsys,
     assert {"p50", "p90", "p99", "max"} <= set(spread["lateness_ms"])
     assert spread["baseline_to_tocsin_p99_error"] > 0
     split = spread["cpu_ms_per_task_by_process"]  # the runtime's and the DynamoDB child's
-    assert split["dynamodb"] > 0 and split["runtime"] > 0
-    assert sum(split.values()) == pytest.approx(spread["cpu_ms_per_task"], abs=0.11)
+    # the child only answers DynamoDB; the runtime runs the handlers and the state machine
+    # (their sum is cpu_ms_per_task by construction: the runtime's is the total less the child's)
+    assert split["runtime"] > split["dynamodb"] > 0
     # Wait and Fire per execution, and an execution holds one task or more
     assert 0 < spread["cost"]["per_task"]["state_transitions"] <= 2
     assert spread["cost"]["per_task"]["api_requests"] == 1
@@ -46,11 +47,23 @@ def test_spread_times_tocsin_and_the_baseline_on_the_same_plan(tmp_path, capsys,
     # a long retry, moves it to a check shard: two more)
     assert 2 <= spread["cost"]["per_task"]["dynamodb_index_write_units"] < 4
     units = spread["cost"]["write_units_per_task"]  # the table's and each index's
-    assert {"table", "index:DispatchIndex", "index:OwnerKeysIndex"} <= set(units)
-    each = sum(value for name, value in units.items() if name.startswith("index:"))
-    assert each == pytest.approx(units["index"], abs=0.01)
-    cost = spread["cost"]["usd_per_million"]
-    assert spread["cost"]["usd_per_million_total"] == pytest.approx(sum(cost.values()), abs=0.05)
+    indexes = {name for name in units if name.startswith("index:")}
+    assert "table" in units and indexes == {"index:DispatchIndex", "index:OwnerKeysIndex"}
+    assert units["index:OwnerKeysIndex"] == 1  # put once; keys only: a mark changes nothing
+    assert 1 <= units["index:DispatchIndex"] < 3  # a due shard's entry (a check shard's: +2)
+    # each line at AWS's on-demand prices in us-east-1, per million tasks
+    per_task, cost = spread["cost"]["per_task"], spread["cost"]["usd_per_million"]
+    dollars_per_unit_per_million_tasks = {
+        "state_transitions": 25.0,  # $0.025 per 1,000
+        "lambda_invocations": 0.20,
+        "dynamodb_write_units": 0.625,
+        "dynamodb_index_write_units": 0.625,
+        "dynamodb_reads": 0.125,
+        "api_requests": 1.00,  # HTTP API
+    }
+    for unit, price in dollars_per_unit_per_million_tasks.items():
+        assert cost[unit] == pytest.approx(per_task[unit] * price, abs=0.0005 * price + 0.01)
+    assert cost["api_requests"] == 1.00
     assert plot.read_bytes().startswith(b"\x89PNG")
 
 
@@ -138,8 +151,7 @@ def test_dense_on_dynamodb_local_counts_the_engines_cpu(capsys):
     assert dense["submitted"] == dense["fired"] == 30
     assert dense["early"] == dense["duplicates"] == dense["lost"] == 0
     split = dense["cpu_ms_per_task_by_process"]
-    assert split["dynamodb"] > 0 and split["runtime"] > 0
-    assert sum(split.values()) == pytest.approx(dense["cpu_ms_per_task"], abs=0.11)
+    assert split["dynamodb"] > 0 and split["runtime"] > 0  # the JVM's CPU, read from /proc
 
 
 @pytest.mark.any_python
@@ -178,6 +190,7 @@ def test_recurring_fires_every_occurrence_of_every_schedule_once(capsys):
     assert 25 <= recurring["submitted"] <= 30
     assert recurring["fired"] == recurring["submitted"]
     assert recurring["early"] == recurring["duplicates"] == recurring["lost"] == 0
+    assert 0 <= recurring["lateness_ms"]["p99"] <= MANY_P99_LATE_MS  # 25 tasks or more
     assert recurring["unexpected"] == 0
     assert recurring["executions"] < recurring["submitted"]  # one a second at most, packed
 

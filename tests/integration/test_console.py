@@ -6,6 +6,7 @@ Set TOCSIN_CONSOLE_SHOTS to a folder (docs/ for the README's) to keep each view'
 """
 
 import os
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -27,6 +28,7 @@ from tocsin.console.server import serving_console
 from tocsin.local.server import api_event, serving
 from tocsin.measure.console_load import FLAGS as CHROMIUM_FLAGS
 from tocsin.measure.console_load import chromium
+from tocsin.settings import settings
 
 CHROMIUM = chromium()
 pytestmark = [
@@ -170,9 +172,14 @@ def occurrences(runtime: Any, schedule_id: str) -> list[str]:
 
 
 def test_a_schedule_paused_from_its_page_stops_making_occurrences(console, page, runtime):
+    # its first occurrence just beyond the look-ahead: none made at its creation, and within
+    # it a few seconds later, when the finder runs: an enabled schedule's would be made then
+    lookahead_ms = settings().lookahead_s * 1000
+    first_ms = clock.now_ms() + lookahead_ms + 3_000
     spec = {"id": "every", "expression": "rate(1 minute)", "type": "webhook"}
-    spec |= {"target": {"url": "https://example.com/h"}}
+    spec |= {"target": {"url": "https://example.com/h"}, "start_at": clock.to_iso(first_ms)}
     assert call_api(runtime, "POST", "/schedules", spec)[0] == 201
+    assert occurrences(runtime, "every") == []
     page.goto(f"{console}/#/schedule/every")
     page.locator("#state", has_text="ENABLED").wait_for()
     expect(page.locator("#view ol li")).to_have_count(10)  # the next ten fire times
@@ -180,12 +187,18 @@ def test_a_schedule_paused_from_its_page_stops_making_occurrences(console, page,
     page.click("button[name=toggle]")
     page.locator("#state", has_text="PAUSED").wait_for()
     assert call_api(runtime, "GET", "/schedules/every")[1]["state"] == "PAUSED"
-    before = occurrences(runtime, "every")
-    runtime.run_finder()  # a paused schedule makes no occurrence (one made before may fire)
-    assert occurrences(runtime, "every") == before
+    time.sleep(max(0, first_ms - lookahead_ms + 500 - clock.now_ms()) / 1000)
+    finder_ms = clock.now_ms()
+    report = runtime.run_finder()
+    assert first_ms <= finder_ms + lookahead_ms  # the occurrence was the finder's to make
+    assert report["occurrences_made"] == 0 and occurrences(runtime, "every") == []
     page.click("nav >> text=Schedules")
     page.locator("#view tbody tr", has_text="PAUSED").wait_for()
     shot(page, "schedules")
+    # resumed, it makes that occurrence at once: what the pause held back was there to make
+    assert call_api(runtime, "PATCH", "/schedules/every", {"state": "ENABLED"})[0] == 200
+    assert occurrences(runtime, "every") == [f"every.{first_ms}"]
+    assert call_api(runtime, "DELETE", "/schedules/every")[0] == 200  # its occurrence cancelled
 
 
 def test_a_failed_task_is_retried_from_the_failed_view(console, page, runtime, receiver):

@@ -39,6 +39,7 @@ from tests.integration.test_targets import (
     store_sample_task,
 )
 from tocsin import aws, clock
+from tocsin.bodies import INLINE_BYTES
 from tocsin.index_keys import LOOK_AFTER_MS, check_keys
 from tocsin.local.runtime import scheduled_event
 from tocsin.local.stack import ACCOUNT_ID, REGION
@@ -130,11 +131,31 @@ class Calls:
         return {action for action, _ in self.made[function]}
 
 
+# A payload whose body goes to the Bodies table (tocsin.bodies): written apart, read apart.
+LARGE = {"blob": "x" * INLINE_BYTES}
+
+
+def tables(runtime) -> set[str]:
+    """Every table of the stack, as named here: a table the template gains is watched too."""
+    resources = runtime.template["Resources"]
+    return {
+        runtime.resolve({"Ref": name})
+        for name, resource in resources.items()
+        if resource["Type"] == "AWS::DynamoDB::Table"
+    }
+
+
+def on_bodies(calls: Calls, function: str) -> set[str]:
+    """The actions the function took on the Bodies table."""
+    table = _arn("dynamodb", f"table/{settings().bodies_table}")
+    return {action for action, arn in calls.made[function] if arn == table}
+
+
 @pytest.fixture
 def calls(runtime) -> Iterator[Calls]:
     """Every client's calls, whenever it was made (the handlers make theirs at init)."""
-    config = settings()
-    recorded = Calls({config.tasks_table, config.sent_table, config.schedules_table})
+    recorded = Calls(tables(runtime))
+    assert settings().bodies_table in tables(runtime)
     make_api_call = BaseClient._make_api_call
 
     def recording(client: BaseClient, operation: str, params: dict[str, Any]) -> Any:
@@ -202,15 +223,17 @@ def every_minute(url: str, start_ms: int) -> dict[str, Any]:
 
 
 def test_the_api_role_allows_every_call_of_the_api(runtime, calls, receiver):
-    task = webhook_task(receiver.url, clock.now_ms() + 3_600_000, "later")
+    task = webhook_task(receiver.url, clock.now_ms() + 3_600_000, "later", LARGE)
     soon = webhook_task(receiver.url, clock.now_ms() + 15_000, "soon")
     schedule = every_minute(receiver.url, clock.now_ms() + 12_000)  # its first made at once
+    schedule["payload"] = LARGE  # the occurrence's body written apart
     steps = [
         ("POST", "/tasks", task),
         ("POST", "/tasks", soon),  # started at once: due within the look-ahead
         ("GET", "/tasks/later", None),
         ("GET", "/tasks?limit=1", None),
         ("PATCH", "/tasks/later", {"due_at": clock.to_iso(clock.now_ms() + 7_200_000)}),
+        ("PATCH", "/tasks/later", {"payload": {**LARGE, "v": 3}}),  # a new body apart
         ("DELETE", "/tasks/soon", None),  # its execution stopped
         ("DELETE", "/tasks/later", None),
         ("POST", "/schedules", schedule),
@@ -236,6 +259,7 @@ def test_the_api_role_allows_every_call_of_the_api(runtime, calls, receiver):
         "states:StartExecution",
         "states:StopExecution",
     } <= calls.actions("ApiFunction")
+    assert on_bodies(calls, "ApiFunction") == {"dynamodb:PutItem", "dynamodb:BatchGetItem"}
     assert refused(runtime, calls) == []
 
 
@@ -257,6 +281,7 @@ def test_the_finder_role_allows_every_call_of_the_finder(runtime, calls, receive
     claim_as(gone(runtime), fired)
     assert store.finish(fired, 1, TEST_ATTEMPT, TaskStatus.SUCCEEDED, {"attempts": 1})
     schedule = every_minute(receiver.url, clock.now_ms() + config.lookahead_s * 1000 + 2_000)
+    schedule["payload"] = LARGE  # the occurrence's body written apart
     assert call_api(runtime, "POST", "/schedules", schedule)[0] == 201  # beyond the look-ahead
     time.sleep(3)  # now within it: the finder makes the occurrence
     with calls.of("FinderFunction"):
@@ -274,6 +299,7 @@ def test_the_finder_role_allows_every_call_of_the_finder(runtime, calls, receive
         "states:DescribeExecution",
         "sqs:SendMessage",
     } <= calls.actions("FinderFunction")
+    assert on_bodies(calls, "FinderFunction") == {"dynamodb:PutItem"}
     assert refused(runtime, calls) == []
 
 
@@ -281,7 +307,7 @@ def test_the_finder_role_allows_every_call_of_the_finder(runtime, calls, receive
 def test_each_executor_role_allows_every_call_of_its_executor(runtime, calls, task_type):
     target = TARGETS[task_type]()
     target.setup(runtime)
-    payload = "Renew today." if task_type == "email" else {"n": 1}
+    payload = "Renew today. " + "x" * INLINE_BYTES if task_type == "email" else LARGE
     store_sample_task(task_type, SAMPLE_TARGETS[task_type], payload)
     function = {"eventbridge": "EventBridge", "sqs": "Sqs", "sns": "Sns"}.get(
         task_type, task_type.capitalize()
@@ -298,13 +324,14 @@ def test_each_executor_role_allows_every_call_of_its_executor(runtime, calls, ta
     made = calls.actions(f"{function}ExecutorFunction")
     assert {"dynamodb:UpdateItem", target_action} <= made
     assert "dynamodb:PutItem" not in made  # a send is logged only when it cannot be marked
+    assert on_bodies(calls, f"{function}ExecutorFunction") == {"dynamodb:BatchGetItem"}
     assert refused(runtime, calls) == []
 
 
 def test_the_webhook_executor_role_allows_its_calls_as_it_fires_and_fails(runtime, calls, receiver):
     receiver.status_for["/gone"] = 410
-    [fires] = store_pending(receiver.url, 1, -500, "fires")
-    [fails] = store_pending(f"{receiver.url}/gone", 1, -500, "fails")
+    [fires] = store_pending(receiver.url, 1, -500, "fires", payload=LARGE)
+    [fails] = store_pending(f"{receiver.url}/gone", 1, -500, "fails", payload=LARGE)
     event = {
         "execution": gone(runtime),
         "task_type": "webhook",
@@ -337,6 +364,7 @@ def test_the_webhook_executor_role_allows_its_calls_as_it_fires_and_fails(runtim
         "dynamodb:UpdateItem",
         "sqs:SendMessage",
     } <= calls.actions("WebhookExecutorFunction")
+    assert on_bodies(calls, "WebhookExecutorFunction") == {"dynamodb:BatchGetItem"}
     assert refused(runtime, calls) == []
 
 
@@ -344,7 +372,12 @@ def test_the_submit_role_allows_every_call_of_the_submit_queue(runtime, calls):
     event = json.loads((EVENTS / "submit_sqs.json").read_text())
     for record in event["Records"]:  # sent now: its task is due in a day, not started at once
         record["attributes"]["SentTimestamp"] = str(clock.now_ms())
+    queued = event["Records"][0]
+    queued["body"] = json.dumps({**json.loads(queued["body"]), "payload": LARGE})  # apart
     with calls.of("SubmitFunction"):
         assert runtime.invoke("SubmitFunction", event) == {"batchItemFailures": []}
+        # the same message again (SQS delivers at least once): the task as stored, read whole
+        assert runtime.invoke("SubmitFunction", event) == {"batchItemFailures": []}
     assert {"dynamodb:PutItem", "sqs:SendMessage"} <= calls.actions("SubmitFunction")
+    assert on_bodies(calls, "SubmitFunction") == {"dynamodb:PutItem", "dynamodb:BatchGetItem"}
     assert refused(runtime, calls) == []

@@ -70,11 +70,19 @@ def test_a_restart_fires_every_task_once_whatever_state_it_was_in(tmp_path, rece
 
 
 def test_without_a_state_file_nothing_is_kept(tmp_path, receiver):
-    with runtime_with(LOOK_AHEAD):
+    """Each runtime names its tables afresh, so its own tables are empty whatever was kept:
+    what is looked at is every table its DynamoDB holds (the process's child, handed from
+    one runtime to the next), which must be its own and empty."""
+    with runtime_with(LOOK_AHEAD) as first:
         submit_task(webhook_task(receiver.url, clock.now_ms() + 60_000, "gone"), owner="alice")
-    with runtime_with(LOOK_AHEAD, state_file=tmp_path / "s.json"):
-        table = boto3.resource("dynamodb").Table(settings().tasks_table)
-        assert table.scan()["Items"] == []
+        before = set(boto3.client("dynamodb").list_tables()["TableNames"])
+        assert first.tasks_table in before
+    with runtime_with(LOOK_AHEAD, state_file=tmp_path / "s.json") as again:
+        dynamodb = boto3.resource("dynamodb")
+        held = {table.name: table.scan()["Items"] for table in dynamodb.tables.all()}
+        assert again.tasks_table in held
+        assert sorted(before & set(held)) == []  # the first runtime's tables went with it
+        assert all(items == [] for items in held.values()), held
 
 
 @pytest.mark.slow
