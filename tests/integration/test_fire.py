@@ -10,6 +10,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from tests.conftest import (
+    MANY_P99_LATE_MS,
     all_tasks,
     assert_on_time,
     call_api,
@@ -264,7 +265,8 @@ def test_an_execution_wakes_at_its_wake_second_not_before(runtime, receiver):
     )
     events = sfn.get_execution_history(executionArn=arn)["events"]
     [woken] = [e["timestamp"] for e in events if e["type"] == "WaitStateExited"]
-    assert wake <= woken < wake + timedelta(seconds=1)
+    # never before wake_at; the bound after it is a loaded machine's, not AWS's
+    assert wake <= woken < wake + timedelta(milliseconds=MANY_P99_LATE_MS)
 
 
 def test_a_retried_submission_starts_a_task_its_first_try_stored_and_did_not_start(

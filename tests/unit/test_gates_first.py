@@ -97,9 +97,10 @@ def test_gates_that_keep_coming_hold_a_call_no_longer_than_the_cap():
     start = clock.now_ms() + 300
     gates = [_sleeping_gate(first, start + 10 * i) for i in range(150)]
     time.sleep(max(start - clock.now_ms(), 0) / 1000)
+    called = time.monotonic()
     first.yield_to_gates()
-    went_ms = clock.now_ms()
+    held_s = time.monotonic() - called  # from the call: a late start of it is not a wait
     assert any(not let_go for _, let_go in gates)  # it did not wait for the run's end
-    assert went_ms >= start + gates_first.MAX_WAIT_S * 1000 - 20  # it waited its cap
+    assert held_s >= gates_first.MAX_WAIT_S  # it waited its cap
     for thread, _ in gates:
         thread.join()
