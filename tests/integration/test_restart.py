@@ -1,6 +1,7 @@
 """The embedded runtime stopped mid-run and started again on its saved state."""
 
 import json
+import threading
 import time
 
 import boto3
@@ -10,6 +11,7 @@ from tests.conftest import (
     runtime_with,
     serve,
     stop,
+    store_pending,
     stored,
     wait_for_status,
     webhook_task,
@@ -110,3 +112,18 @@ def test_serve_refuses_a_state_file_it_cannot_read_and_leaves_it_alone(tmp_path,
     error = capsys.readouterr().err
     assert error.startswith("error: --state:") and str(state_file) in error
     assert state_file.read_text() == content
+
+
+def test_a_stop_ends_the_invocations_asleep_at_their_gates_and_sends_nothing(receiver):
+    """Without a state file a stop ends its invocations before its services go: the one
+    asleep at its gate ends there, so no thread of a stopped runtime goes on into the next
+    runtime's services, and the task it held is never sent."""
+    with runtime_with() as runtime:
+        [task_id] = store_pending(receiver.url, 1, LEAD_MS + 1_500, "asleep")
+        runtime.run_finder()
+        wait_for_status(task_id, {"RUNNING"}, timeout_s=30)  # claimed: its gate sleeps
+        due_ms = int(stored(task_id)["due_ms"])
+    invocations = [t for t in threading.enumerate() if t.name.startswith("invoke-")]
+    assert invocations == []
+    time.sleep(max(due_ms + 500 - clock.now_ms(), 0) / 1000)
+    assert receiver.received() == []

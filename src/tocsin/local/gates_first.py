@@ -32,6 +32,14 @@ ACTION_MS = 10  # after a gate lets go, its action (a webhook's request, say) go
 # most with 1 s here, behind 100 a second due: `dense` fell seconds behind (p99 5.9 s),
 # where 0.1 s gave p99 57 ms, and `burst-1000`, `burst` and `recurring` no worse.
 MAX_WAIT_S = 0.1
+# A gate sleeps this close to its due time where the runtime's stop can wake it, and the
+# rest in the gate's own sleep, as on AWS (so being stoppable costs no precision).
+STOPPABLE_UNTIL_MS = 5
+
+
+class RuntimeStopped(Exception):
+    """The runtime stopped while this gate slept: its invocation ends, sending nothing, as a
+    Lambda whose environment is shut down."""
 
 
 class GatesFirst:
@@ -43,6 +51,7 @@ class GatesFirst:
         self._due: list[int] = []
         self._acting_until_ms = 0  # the last gate to let go, plus its action's time
         self._lock = threading.Lock()
+        self._stopped = threading.Event()
 
     def gate(self, wait_until: Callable[[int], int]) -> Callable[[int], int]:
         """`wait_until`, with its deadline known while it sleeps."""
@@ -51,6 +60,9 @@ class GatesFirst:
             with self._lock:
                 bisect.insort(self._due, due_ms)
             try:
+                asleep_ms = due_ms - STOPPABLE_UNTIL_MS - clock.now_ms()
+                if self._stopped.wait(max(asleep_ms, 0) / 1000) or self._stopped.is_set():
+                    raise RuntimeStopped(f"the runtime stopped before {clock.to_iso(due_ms)}")
                 return wait_until(due_ms)
             finally:
                 with self._lock:
@@ -59,6 +71,10 @@ class GatesFirst:
                     self._acting_until_ms = max(self._acting_until_ms, let_go_until)
 
         return gated
+
+    def stop(self) -> None:
+        """The runtime's stop: every gate asleep, and any to come, raises RuntimeStopped."""
+        self._stopped.set()
 
     def yield_to_gates(self, **_: Any) -> None:
         """A `before-call` hook: return once no gate is due within the window and no gate's

@@ -33,7 +33,9 @@
   schedule rule loses its target (moto would match it against every PutEvents event).
 * With a `state_file`, a stop lets running invocations finish, then saves the tables,
   queues and secrets; the next start restores them and requeues the tasks whose
-  executions were lost (see `tocsin.local.state`).
+  executions were lost (see `tocsin.local.state`). Without one, invocations asleep at a
+  gate end there, sending nothing, and the stop waits for every invocation to end: a
+  thread left running reached the next runtime's services (a test's recorder saw its calls).
 """
 
 import gc
@@ -108,6 +110,9 @@ RESPONSE_LIMIT_BYTES = 6_291_556
 # heavily, and most of what survives a collection is the services' state, not garbage.
 YOUNG_GC_THRESHOLD = 10_000
 SWITCH_INTERVAL_S = 0.001
+# A stop without a state file waits this long at most for its invocations to end: those
+# asleep at a gate end at once; one sending to a target that hangs ends with its timeout.
+END_INVOCATIONS_S = 30.0
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +180,7 @@ class EmbeddedRuntime:
         self.tables = tables
         self.requeued: list[str] = []  # tasks whose executions a restart had lost
         self._invoking = 0  # Lambda invocations under way for executions
+        self._gates_first = GatesFirst()
         self._invocations_done = threading.Condition()
         self._stopped = False
         self._turns = {logical_id: threading.Lock() for logical_id in ONE_AT_A_TIME}
@@ -249,9 +255,12 @@ class EmbeddedRuntime:
             thread.join()
         if self.outputs:
             self._stop_executions()
-            if self.state_file:
-                self._drain_invocations()
+            if self.state_file:  # they finish, as Lambda lets them, and are saved with the rest
+                self._drain_invocations(max(f.timeout_s for f in self.functions.values()))
                 state.save(self.state_file, state.snapshot(STACK_NAME))
+            else:  # they end at their gates, sending nothing, before the services go
+                self._gates_first.stop()
+                self._drain_invocations(END_INVOCATIONS_S)
         self._exits.close()
         self._forget_process_caches()
 
@@ -446,7 +455,7 @@ class EmbeddedRuntime:
         the hook is on boto3's default session, so every client made from now on has it."""
         from tocsin import gate
 
-        first = GatesFirst()
+        first = self._gates_first
         self._exits.enter_context(
             mock.patch.object(gate, "wait_until", first.gate(gate.wait_until))
         )
@@ -517,12 +526,12 @@ class EmbeddedRuntime:
             response_headers["x-amz-function-error"] = "Unhandled"
         return payload
 
-    def _drain_invocations(self) -> None:
-        """Let invocations under way finish, as Lambda would: what they did is then saved
-        with the rest, and their stopped executions take no further step."""
-        longest = max(function.timeout_s for function in self.functions.values())
+    def _drain_invocations(self, timeout_s: float) -> None:
+        """Wait for the invocations under way to end: no thread of this runtime then reaches
+        the services after they are gone (or the next runtime's), and what they did is
+        saved with the rest. Their stopped executions take no further step."""
         with self._invocations_done:
-            if not self._invocations_done.wait_for(lambda: self._invoking == 0, longest):
+            if not self._invocations_done.wait_for(lambda: self._invoking == 0, timeout_s):
                 log.warning("%d invocations still running at the stop", self._invoking)
 
     def _sfn_backend(self) -> Any:
