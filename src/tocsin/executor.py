@@ -372,9 +372,10 @@ def execute(
         for task, future in zip(held, futures, strict=True):
             outcome, recorded = future.result()
             _report(task.asked, outcome, counts)
-            if not recorded:  # the task changed under the claim: only an operator's hand can
+            if not recorded:  # the task changed under the claim, or a later attempt took it
                 counts["unrecorded"] += 1
-                logger.warning("outcome not recorded: the task changed", task_id=task.asked.task_id)
+                metrics.add_metric(name="OutcomeUnrecorded", unit=MetricUnit.Count, value=1)
+                logger.warning("outcome not recorded", task_id=task.asked.task_id)
     if in_progress:  # the rest is done; the retry takes these over once that attempt ended
         raise DeliveryInProgress(", ".join(in_progress))
     return dict(counts)

@@ -366,9 +366,11 @@ class TaskStore:
             )
         except self._conditional_failed as refused:
             old = refused.response.get("Item", {})
-            return old.get("status", {}).get("S") == status.value and old.get("version", {}).get(
-                "N"
-            ) == str(version)
+            return (
+                old.get("status", {}).get("S") == status.value
+                and old.get("version", {}).get("N") == str(version)
+                and old.get("attempt", {}).get("S") == attempt
+            )
         return True
 
     def let_go(self, task_id: str, version: int, attempt: str) -> None:

@@ -412,3 +412,129 @@ def test_a_retry_that_meets_a_send_in_progress_leaves_it_and_does_not_send_again
     assert results == [{"tasks": 1, "claimed": 1, "fired": 1}]
     assert third == {"tasks": 1, "claimed": 0}
     assert stored(task_id)["status"] == "SUCCEEDED"
+
+
+class Killed(Exception):
+    """Ends an invocation a test froze, once the test is over (Lambda would have killed it)."""
+
+
+def _note_claims(params: dict, context: dict, **_: object) -> None:
+    """Tell a claim's answer (its after-call) from the other writes' by its request."""
+    context["claim"] = "lease_until = :lease" in params.get("UpdateExpression", "")
+
+
+def short_leases(runtime, monkeypatch) -> None:
+    """An executor of 13 s (the lease) and webhooks of 2 s (one attempt's time, 8 s): the
+    retry that takes over still has time for one attempt."""
+    monkeypatch.setenv("WEBHOOK_TIMEOUT_SECONDS", "2")
+    settings.cache_clear()
+    executor = runtime.functions["WebhookExecutorFunction"]
+    runtime.functions["WebhookExecutorFunction"] = replace(executor, timeout_s=13)
+
+
+def wait_out_the_lease(task_id: str) -> None:
+    lease_until = int(stored(task_id)["lease_until"])
+    while clock.now_ms() <= lease_until:
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_a_lease_that_runs_out_after_a_killed_invocation_lets_a_retry_send_once(
+    runtime, receiver, monkeypatch
+):
+    """Fire's invocation claims the task and is killed right after (its sandbox never runs
+    again), before it sends or marks. Fire's retry, a new request id, finds the lease live
+    and leaves the task (DeliveryInProgress); once the lease, the killed invocation's time,
+    is over, the next retry takes the task over and sends it, once."""
+    short_leases(runtime, monkeypatch)
+    [task_id] = store_pending(receiver.url, 1, -500, "killed")
+    event = batch_event(task_id)
+    claimed, over = threading.Event(), threading.Event()
+
+    def killed_after_its_claim(http_response, context: dict, **_: object) -> None:
+        if context.get("claim") and http_response.status_code == 200 and not claimed.is_set():
+            claimed.set()
+            over.wait()
+            raise Killed
+
+    def killed_invocation() -> None:
+        with pytest.raises(Killed):
+            runtime.invoke("WebhookExecutorFunction", event)
+
+    first = threading.Thread(target=killed_invocation)
+    hooks = (
+        ("before-parameter-build.dynamodb.UpdateItem", _note_claims),
+        ("after-call.dynamodb.UpdateItem", killed_after_its_claim),
+    )
+    with hooked(tables(), *hooks):
+        first.start()
+        try:
+            assert claimed.wait(30)
+            killed_attempt = stored(task_id)["attempt"]
+            with pytest.raises(DeliveryInProgress):
+                runtime.invoke("WebhookExecutorFunction", event)
+            assert receiver.received() == []
+            wait_out_the_lease(task_id)
+            retried = runtime.invoke("WebhookExecutorFunction", event)
+        finally:
+            over.set()
+            first.join()
+    assert retried == {"tasks": 1, "claimed": 1, "fired": 1}
+    item = stored(task_id)
+    assert item["status"] == "SUCCEEDED" and item["attempt"] != killed_attempt
+    assert [a.task_id for a in receiver.received()] == [task_id]
+
+
+@pytest.mark.slow
+def test_a_superseded_attempts_final_mark_is_refused_and_counted(runtime, receiver, monkeypatch):
+    """Fire's invocation sends, and its final mark is held up on the way (a network that
+    delays it) past the invocation's time; Fire's retry takes the task over and sends it
+    again (the receiver sees one idempotency key twice: the gap DESIGN.md names). When
+    the late mark lands, the table refuses it: it is the retry's task. The first
+    invocation counts its outcome unrecorded and sends nothing more."""
+    short_leases(runtime, monkeypatch)
+    [task_id] = store_pending(receiver.url, 1, -500, "superseded")
+    event = batch_event(task_id)
+    held, taken_over, first_done = threading.Event(), threading.Event(), threading.Event()
+
+    def mark_held_until_taken_over(params: dict, **_: object) -> None:
+        if ":status" in params.get("ExpressionAttributeValues", {}) and not held.is_set():
+            held.set()
+            taken_over.wait(60)
+
+    def retry_waits_for_the_late_mark(http_response, context: dict, **_: object) -> None:
+        taking_over = context.get("claim") and http_response.status_code == 200
+        if taking_over and held.is_set() and not taken_over.is_set():
+            taken_over.set()
+            first_done.wait(60)
+
+    results = []
+
+    def first_invocation() -> None:
+        try:
+            results.append(runtime.invoke("WebhookExecutorFunction", event))
+        finally:
+            first_done.set()
+
+    first = threading.Thread(target=first_invocation)
+    hooks = (
+        ("before-parameter-build.dynamodb.UpdateItem", _note_claims),
+        ("before-parameter-build.dynamodb.UpdateItem", mark_held_until_taken_over),
+        ("after-call.dynamodb.UpdateItem", retry_waits_for_the_late_mark),
+    )
+    with hooked(tables(), *hooks):
+        first.start()
+        try:
+            assert held.wait(30)
+            [sent_first] = receiver.received()
+            wait_out_the_lease(task_id)
+            retried = runtime.invoke("WebhookExecutorFunction", event)
+        finally:
+            taken_over.set()
+            first.join()
+    assert results == [{"tasks": 1, "claimed": 1, "fired": 1, "unrecorded": 1}]
+    assert retried == {"tasks": 1, "claimed": 1, "fired": 1}
+    assert stored(task_id)["status"] == "SUCCEEDED"
+    arrivals = receiver.received()
+    assert arrivals[0] == sent_first and len(arrivals) == 2
+    assert {a.idempotency_key for a in arrivals} == {f"{task_id}:1"}
