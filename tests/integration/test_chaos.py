@@ -71,7 +71,17 @@ def test_cancels_and_reschedules_race_the_claim_and_both_sides_win_sometimes():
     result = result_of("cancel-reschedule")
     assert result["cancelled_never_fired"] > 0
     assert result["refused_409_fired_once"] > 0
+    assert result["rescheduled_fired_once_as_version_2"] == result["rescheduled"] > 0
+    assert result["unexpected_answers"] == 0
     assert {k: result[k] for k in ZERO} == ZERO, result
+
+
+@group("duplicate-submissions")
+def test_concurrent_duplicate_submissions_create_each_task_once_and_answer_each_client():
+    result = result_of("duplicate-submissions")
+    ids = RUNS["duplicate-submissions"][0] // chaos.DUPLICATE_CLIENTS
+    as_stored = ids * (chaos.DUPLICATE_CLIENTS - 1)
+    assert result["submissions"] == {"created": ids, "as_stored": as_stored}
 
 
 @group("executor-faults")
