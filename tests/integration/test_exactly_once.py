@@ -80,7 +80,9 @@ HORIZON_LOST = ("before-parameter-build.dynamodb.UpdateItem", _horizon_lost)
 
 @pytest.mark.slow
 def test_finder_crash_between_start_and_horizon_still_fires_once(runtime, receiver):
-    ids = store_pending(receiver.url, 5, 15_000, "crash")  # no claim before the second run
+    # no claim before the second run: they wake 20 s on (the first run on DynamoDB Local,
+    # in a loaded CI run, took longer than 10 s, and a task was claimed before the assert)
+    ids = store_pending(receiver.url, 5, 25_000, "crash")
     with hooked(tables(), HORIZON_LOST), pytest.raises(EndpointConnectionError):
         runtime.run_finder()  # started the executions, then died before moving its horizon
     assert {stored(i)["status"] for i in ids} == {"PENDING"}
