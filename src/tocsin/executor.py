@@ -239,7 +239,9 @@ def claim_batch(
 ) -> tuple[list[Held], list[str]]:
     """Claim every task of the batch at once: the ones this invocation holds now, and the
     ids a live invocation of this execution holds (`DeliveryInProgress`). If a claim cannot
-    be written, the tasks claimed are let go before `TableUnavailable` is raised."""
+    be written, the tasks claimed are let go before `TableUnavailable` is raised, and so
+    are those whose claims went unanswered: a write answered with a 500 or not answered at
+    all may have gone through (a let-go is conditional on this attempt)."""
 
     def claim(asked: BatchTask) -> Claim:
         return written(
@@ -257,8 +259,9 @@ def claim_batch(
         if not f.exception()
     ]
     won = [(asked, claim) for asked, claim in claims if claim.before is not None]
-    if failed is not None:
-        _let_go(store, holder, [asked for asked, _ in won])
+    if failed is not None:  # a claim not answered may have been written all the same
+        unanswered = [a for a, f in zip(batch.tasks, futures, strict=True) if f.exception()]
+        _let_go(store, holder, [asked for asked, _ in won] + unanswered)
         raise failed
     try:  # the bodies kept apart, read at once (one BatchGetItem a hundred)
         items = store.whole([claim.before for _, claim in won])  # type: ignore[misc]

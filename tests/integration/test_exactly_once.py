@@ -79,44 +79,75 @@ HORIZON_LOST = ("before-parameter-build.dynamodb.UpdateItem", _horizon_lost)
 
 
 @pytest.mark.slow
-def test_finder_crash_between_start_and_horizon_still_fires_once(runtime, receiver):
-    # no claim before the second run: they wake 20 s on (the first run on DynamoDB Local,
-    # in a loaded CI run, took longer than 10 s, and a task was claimed before the assert)
-    ids = store_pending(receiver.url, 5, 25_000, "crash")
-    with hooked(tables(), HORIZON_LOST), pytest.raises(EndpointConnectionError):
-        runtime.run_finder()  # started the executions, then died before moving its horizon
-    assert {stored(i)["status"] for i in ids} == {"PENDING"}
+def test_finder_crash_between_start_and_horizon_still_fires_once(receiver):
+    # no claim before the second run: due within the look-ahead (20 s) and woken 16 s on, a
+    # 2 s lead (with 5 s and due 15 s on, the first run on DynamoDB Local in a loaded CI run
+    # took longer than the 10 s to the wake, and a task was claimed before the assert)
+    with runtime_with({"LeadMilliseconds": "2000"}) as runtime:
+        ids = store_pending(receiver.url, 5, 18_000, "crash")
+        with hooked(tables(), HORIZON_LOST), pytest.raises(EndpointConnectionError):
+            runtime.run_finder()  # started the executions, then died before its horizon
+        assert {stored(i)["status"] for i in ids} == {"PENDING"}
 
-    started = {e.name for e in runtime.executions()}
-    second = runtime.run_finder()  # read again, packed the same: no second execution
-    assert second["found"] == len(ids) and second["backlog"] == 0
-    assert second["started"] + second["already_started"] == len(ids)  # the same, idempotent
-    for task_id in ids:
-        wait_for_status(task_id, {"SUCCEEDED"})
-    assert Counter(a.task_id for a in receiver.received()) == dict.fromkeys(ids, 1)
-    assert {e.name for e in runtime.executions()} == started
+        started = {e.name for e in runtime.executions()}
+        second = runtime.run_finder()  # read again, packed the same: no second execution
+        assert second["found"] == len(ids) and second["backlog"] == 0
+        assert second["started"] + second["already_started"] == len(ids)  # idempotent
+        for task_id in ids:
+            wait_for_status(task_id, {"SUCCEEDED"})
+        assert Counter(a.task_id for a in receiver.received()) == dict.fromkeys(ids, 1)
+        assert {e.name for e in runtime.executions()} == started
+
+
+def fire_replies(execution_arn: str) -> list[dict]:
+    """What the executor answered each of an execution's Fire invocations that succeeded,
+    as its history shows it (the console's view of an execution)."""
+    events = boto3.client("stepfunctions").get_execution_history(executionArn=execution_arn)
+    return [
+        json.loads(event["taskSucceededEventDetails"]["output"])["Payload"]
+        for event in events["events"]
+        if event["type"] == "TaskSucceeded"
+    ]
 
 
 @pytest.mark.slow
 def test_a_crashed_run_repacked_with_a_newcomer_still_fires_each_task_once(runtime, receiver):
     """The finder starts a window's batch and dies before its horizon; a task due in the same
     window arrives; the next run packs the six into a new batch (a new name: a second
-    execution). Both executions claim the first five: the claim decides, each fires once."""
-    ids = store_pending(receiver.url, 5, 15_000, "repack")
+    execution). Both executions claim the first five: the claim decides, each fires once,
+    and the executors' replies show it: of the eleven claims, the five on tasks the other
+    execution held were refused."""
+    window_ms = (clock.now_ms() // 1000 + 16) * 1000  # one window; no claim before run two
+    ids = [f"repack-{i}" for i in range(5)]
+    for i, task_id in enumerate(ids):
+        store_task(webhook_task(receiver.url, window_ms + 37 * i, task_id))
     with hooked(tables(), HORIZON_LOST), pytest.raises(EndpointConnectionError):
         runtime.run_finder()
-    first = {e.name for e in runtime.executions()}
-    due_ms = int(stored(ids[0])["due_ms"])
-    store_task(webhook_task(receiver.url, due_ms, "repack-new"))
+    [first] = runtime.executions()
+    store_task(webhook_task(receiver.url, window_ms, "repack-new"))
 
     second = runtime.run_finder()
     assert second["found"] == len(ids) + 1 and second["backlog"] == 0
-    repacked = {e.name for e in runtime.executions()} - first
-    assert repacked  # the newcomer's window holds other members now: another execution
-    for task_id in [*ids, "repack-new"]:
+    [repacked] = [e for e in runtime.executions() if e.name != first.name]
+    everyone = [*ids, "repack-new"]
+    for task_id in everyone:
         wait_for_status(task_id, {"SUCCEEDED"})
     assert runtime.wait_for_executions(15)
-    assert Counter(a.task_id for a in receiver.received()) == dict.fromkeys([*ids, "repack-new"], 1)
+
+    # each execution's one invocation answered: none failed, none was retried
+    [one], [two] = fire_replies(first.execution_arn), fire_replies(repacked.execution_arn)
+    assert (one["tasks"], two["tasks"]) == (len(ids), len(everyone))
+    assert one["claimed"] + two["claimed"] == len(everyone)  # each task claimed once
+    refused = one["tasks"] - one["claimed"] + two["tasks"] - two["claimed"]
+    assert refused == len(ids)  # a claim on each of the five was refused: the other held it
+    assert one.get("fired", 0) == one["claimed"] and two.get("fired", 0) == two["claimed"]
+    holders = Counter(stored(task_id)["execution"] for task_id in everyone)
+    assert holders == {
+        name: claimed
+        for name, claimed in ((first.name, one["claimed"]), (repacked.name, two["claimed"]))
+        if claimed
+    }  # the table says who held each task, as the replies count it
+    assert Counter(a.task_id for a in receiver.received()) == dict.fromkeys(everyone, 1)
 
 
 @pytest.mark.parametrize("max_attempts", [1, 3])
