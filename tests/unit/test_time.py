@@ -36,6 +36,24 @@ def test_gate_never_releases_before_due():
         assert clock.now_ms() >= due
 
 
+def test_gate_lets_go_on_its_due_millisecond_itself(monkeypatch):
+    """A clock that reads the due millisecond lets the gate go then, with no more sleep (a
+    gate that waited for the millisecond after was one late on every task). The clock is
+    played: it moves only when the gate sleeps, as far as it asked (a millisecond at least)."""
+    start = 1_800_000_000_000
+    now = [start]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += max(1, round(seconds * 1000))
+
+    monkeypatch.setattr(clock, "now_ms", lambda: now[0])
+    monkeypatch.setattr(gate.time, "sleep", sleep)
+    assert (gate.wait_until(start), slept) == (start, [])
+    assert (gate.wait_until(start + 25), slept) == (start + 25, [0.025])
+
+
 def test_wake_is_the_lead_before_due_floored_to_the_second():
     config = Settings(LEAD_MS=2000, RETENTION_DAYS=30)
     task = DueTask(due_ms=1_800_000_001_500, task_id="t", version=3, task_type=TaskType.SQS)
