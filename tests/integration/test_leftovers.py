@@ -54,13 +54,12 @@ def marked_environment() -> tuple[str, dict[str, str]]:
     return mark, {**os.environ, MARK: mark}
 
 
-# A process that keeps DynamoDB Local idle for a next runtime, as a test process does after
-# a runtime's stop, and waits to be ended.
+# A process that keeps DynamoDB Local running and never stops it, as a test process keeps
+# one idle for its next runtime (`dynamodb_local._idle`), then ends or waits to be ended.
 KEEPS_ONE_IDLE = """
 import sys, time
-from tocsin.local.runtime import EmbeddedRuntime
-with EmbeddedRuntime(finder_interval_s=None, tables="dynamodb-local"):
-    pass
+from tocsin.local.dynamodb_local import DynamoDBLocal
+kept = DynamoDBLocal().__enter__()
 print("idle", flush=True)
 if sys.argv[1] == "exit":
     sys.exit(0)
@@ -68,6 +67,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.any_python  # the keeper runs on the Python that starts it: the same code
 @pytest.mark.skipif(jar() is None, reason="no DynamoDB Local (make dynamodb-local)")
 @pytest.mark.parametrize("ending", ["exit", "SIGTERM", "SIGINT", "SIGKILL"])
 def test_dynamodb_locals_jvm_ends_with_the_process_that_started_it(ending):
