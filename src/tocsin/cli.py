@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -569,9 +569,7 @@ def main(argv: list[str] | None = None) -> int:
         parser().error("reschedule needs --at, --payload or both")
     if args.command == "schedule" and args.action == "update" and not _schedule_changes(args):
         parser().error("schedule update needs at least one option to change")
-    if args.command not in RUN_UNTIL_STOPPED:
-        return int(args.run(args))
-    with sigterm_as_interrupt():
+    with sigterm_as_interrupt() if args.command in RUN_UNTIL_STOPPED else nullcontext():
         return int(args.run(args))
 
 

@@ -61,7 +61,7 @@ class GatesFirst:
                 bisect.insort(self._due, due_ms)
             try:
                 asleep_ms = due_ms - STOPPABLE_UNTIL_MS - clock.now_ms()
-                if self._stopped.wait(max(asleep_ms, 0) / 1000) or self._stopped.is_set():
+                if self._stopped.wait(max(asleep_ms, 0) / 1000):  # True: it is set
                     raise RuntimeStopped(f"the runtime stopped before {clock.to_iso(due_ms)}")
                 return wait_until(due_ms)
             finally:
