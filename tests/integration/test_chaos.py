@@ -27,7 +27,7 @@ RUNS = dict.fromkeys(SCENARIOS, (15, 3)) | {  # tasks and seed
 # The faults each scenario must have met, by kind: a run that met none proves nothing.
 FAULTS = {
     "finder-crash": {"finder_crashes"},
-    "racing-finders": {"finders_in_step"},
+    "racing-finders": {"finders_in_step", "tasks_raced"},
     "throttled-starts": {"throttled_starts"},
     "dynamodb-faults": {"throttled_writes", "writes_answered_500"},
     "ambiguous-writes": {"committed_then_500"},
@@ -37,10 +37,11 @@ FAULTS = {
     "webhook-faults": {"receiver_faults"},
     "restart": {"tasks_unfinished_at_stop"},
 }
-# Where the count is known: every crash planned, and each racing finder (two, then five).
+# Where the count is known: every crash planned, each racing finder (two, then five) and
+# every task of both races started by the race itself.
 EXACTLY = {
     "finder-crash": {"finder_crashes": chaos.FINDER_CRASHES},
-    "racing-finders": {"finders_in_step": 2 + 5},
+    "racing-finders": {"finders_in_step": 2 + 5, "tasks_raced": RUNS["racing-finders"][0] // 2 * 2},
 }
 AWS_FAULTS = "chaos-aws-faults"  # the two runs one test judges together
 GROUPS = {"ambiguous-writes": AWS_FAULTS, "executor-timeouts": AWS_FAULTS}
@@ -114,6 +115,7 @@ def test_chaos_command_prints_one_json_object_last(capsys):
     result = last_json(capsys.readouterr().out)
     assert code == 0 and set(result) == {"racing-finders"}
     assert {k: result["racing-finders"][k] for k in ZERO} == ZERO
+    assert result["racing-finders"]["faults_met"]["tasks_raced"] == 6
 
 
 def test_chaos_command_names_unknown_scenarios(capsys):

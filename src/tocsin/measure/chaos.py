@@ -102,14 +102,21 @@ class Trial:
             self.due[f"{task_id}:1"] = due_ms
         return plan
 
-    def store(self, count: int, prefix: str, path: str = "/ok", spread_ms: int = 3000) -> list[str]:
+    def store(
+        self,
+        count: int,
+        prefix: str,
+        path: str = "/ok",
+        spread_ms: int = 3000,
+        lead_in_ms: int = LEAD_IN_MS,
+    ) -> list[str]:
         """PENDING tasks written straight to the table, for the finder to find; `path` may
         hold `{id}`, the task's id."""
         from tocsin.store import TaskStore
         from tocsin.submit import new_item
 
         store, now = TaskStore(settings().tasks_table), clock.now_ms()
-        plan = self.plan(count, prefix, spread_ms)
+        plan = self.plan(count, prefix, spread_ms, lead_in_ms)
         for task_id, due_ms in plan:
             body = self.body(task_id, due_ms, path.format(id=task_id))
             store.create(placed_long_ago(new_item(body, "chaos", now, settings())))
@@ -312,12 +319,30 @@ def finders_in_step(parties: int) -> Iterator[list[str]]:
 
 def racing_finders(trial: Trial, tasks: int) -> None:
     """Two, then five finders at once over the same due tasks, each reading them all
-    before any goes on."""
+    before any goes on. The five's tasks fall due past the horizon the two left (the
+    look-ahead), so that they too race over tasks no finder has started; each race must
+    start all of its tasks itself (`tasks_raced`), not leave them to the reconciler."""
+    from tocsin.store import TaskStore
+
+    spread_ms = 1000
+    ids = trial.store(tasks // 2, "two", spread_ms=spread_ms)
     for finders, prefix in ((2, "two"), (5, "five")):
-        trial.store(tasks // 2, prefix)
+        if finders == 5:  # due just past the two's horizon, and inside the five's look-ahead
+            horizon = TaskStore(settings().tasks_table).horizon(FINDER_HORIZON) or 0
+            ids = trial.store(
+                tasks // 2, prefix, lead_in_ms=horizon + 1 - clock.now_ms(), spread_ms=spread_ms
+            )
+            time.sleep(spread_ms / 1000)
         with finders_in_step(finders) as held:
             _together([trial.runtime.run_finder] * finders, "finder")
         trial.met("finders_in_step", len(held))
+        trial.met("tasks_raced", len(set(ids) & _started(trial.runtime)))
+
+
+def _started(runtime: EmbeddedRuntime) -> set[str]:
+    """The ids of the tasks some execution of the task machine was started with."""
+    inputs = (e.input_data or {} for e in runtime.executions())  # moto keeps them parsed
+    return {task["task_id"] for data in inputs for task in data.get("tasks", [])}
 
 
 def throttled_starts(trial: Trial, tasks: int) -> None:
