@@ -6,7 +6,8 @@ invocation until its end: `TaskStore.claim`), reads the task from the claim's re
 gives each task a thread of its own: prepare the target, sleep to the due millisecond,
 send, retry transient failures with backoff in the time the invocation has left, then
 mark the task SUCCEEDED (the sent marker, conditional on this invocation), or FAILED with
-a dead-letter message of its own. A slow target holds up only its own task.
+a dead-letter message of its own. A slow target holds up only its own task, and a
+target's unforeseen error (neither transient nor permanent) fails only its own task.
 
 Only what concerns the whole batch fails the invocation, for the state machine to retry:
 a claim or mark that could not be written in the time the invocation has
@@ -20,6 +21,7 @@ an invocation reads before it sends a task it takes over.
 import json
 import random
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -116,7 +118,25 @@ class Failed:
 def _deliver(task: ClaimedTask) -> tuple[int, dict[str, Any]]:
     """Sleep to the due millisecond, then send: the time the gate let go, and the answer."""
     fired_ms = gate.wait_until(task.due_ms)
-    return fired_ms, task.target.send(task.delivery())
+    return fired_ms, _targets_own(task.target.send, task.delivery())
+
+
+Answer = TypeVar("Answer")
+
+
+def _targets_own(call: Callable[..., Answer], *args: Any) -> Answer:
+    """A target's call, whose unforeseen error (a host the resolver cannot encode, a bug)
+    fails its task alone, for good: raised, it would fail the whole batch's invocation,
+    and each retry would meet it again."""
+    try:
+        return call(*args)
+    except (PermanentTargetError, TransientTargetError):
+        raise
+    except Exception as error:  # logged by name and place: its message may hold the target
+        place = traceback.extract_tb(error.__traceback__)[-1]
+        where = f"{place.filename.rsplit('/', 1)[-1]}:{place.lineno}"
+        logger.error("unforeseen target error", error=type(error).__name__, where=where)
+        raise PermanentTargetError(f"unforeseen {type(error).__name__} in the target") from error
 
 
 def fire(task: ClaimedTask, deadline_ms: int) -> Fired | Failed:
@@ -137,7 +157,7 @@ def fire(task: ClaimedTask, deadline_ms: int) -> Fired | Failed:
         began_ms = max(clock.now_ms(), task.due_ms)
         try:
             if not prepared:
-                task.target.prepare()
+                _targets_own(task.target.prepare)
                 prepared = True
                 if max(clock.now_ms(), task.due_ms) + limit_ms > deadline_ms:
                     attempts -= 1  # preparing took the time an attempt needed

@@ -9,7 +9,15 @@ from collections.abc import Iterator
 import pytest
 import urllib3
 
-from tests.conftest import serve, stop, stored, wait_for_status, webhook_task
+from tests.conftest import (
+    runtime_with,
+    serve,
+    stop,
+    store_task,
+    stored,
+    wait_for_status,
+    webhook_task,
+)
 from tocsin import Client, clock
 from tocsin.client import InvalidRequest
 from tocsin.local.runtime import EmbeddedRuntime
@@ -68,6 +76,65 @@ def answer_for(monkeypatch, names: dict[str, list[str]]) -> list[str]:
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     return asked
+
+
+def resolver_failing(monkeypatch, failures: dict[str, list[BaseException]]) -> None:
+    """DNS for `failures`' names raises each name's next error, then answers loopback;
+    other names resolve as usual."""
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if failures.get(host):
+            raise failures[host].pop(0)
+        return real("127.0.0.1" if host in failures else host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+
+RESOLVED = ("try-again.example.com", "no-such.example.com", "unforeseen.example.com")
+
+
+@pytest.mark.parametrize(
+    "host", ["a..example.com", f"{'x' * 64}.example.com", f"{'a' * 60}.{'b' * 60}." * 3]
+)
+def test_a_host_that_is_no_dns_name_is_refused_at_submit(guarded, host):
+    """An empty label, a label over 63 characters, a name over 253: 400 naming target.url,
+    where the resolver would raise UnicodeError at fire time (or fail to resolve)."""
+    body = webhook_task(f"https://{host}/hook", clock.now_ms() + 60_000, "bad")
+    status, error = submit(guarded, body)
+    assert status == 400 and error["error"]["field"] == "target.url", error
+    assert "DNS name" in error["error"]["message"] or "253" in error["error"]["message"]
+
+
+def test_resolver_failures_fail_a_task_alone_and_a_try_again_is_retried(receiver, monkeypatch):
+    """One batch of three webhook tasks whose hosts' resolvers fail: "try again" (EAI_AGAIN)
+    once, then resolves: fired on the second attempt; a name that does not exist (EAI_NONAME):
+    failed for good on the first; an error the resolver should not raise (UnicodeError, as
+    Python's does for a name it cannot encode): that task fails alone, at once, and the
+    invocation goes on for the others (before, the whole batch's invocation failed and the
+    task ended FAILED some ten minutes and three requeues later)."""
+    resolver_failing(monkeypatch, {
+        RESOLVED[0]: [socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")],
+        RESOLVED[1]: [socket.gaierror(socket.EAI_NONAME, "Name or service not known")] * 3,
+        RESOLVED[2]: [UnicodeError("label empty or too long")] * 3,
+    })  # fmt: skip
+    port = receiver.url.rsplit(":", 1)[1]
+    allowed = ",".join(f"{name}:{port}" for name in RESOLVED)
+    with runtime_with({"WebhookAllowedHosts": allowed}) as runtime:
+        due_ms = (clock.now_ms() // 1000 + 4) * 1000  # one window: one batch
+        for i, name in enumerate(RESOLVED):
+            url = f"http://{name}:{port}/"
+            store_task(webhook_task(url, due_ms + 10 * i, name.split(".")[0]))
+        assert runtime.run_finder()["executions"] == 1
+        ended = {"SUCCEEDED", "FAILED"}
+        retried = wait_for_status("try-again", ended)
+        gone = wait_for_status("no-such", ended)
+        unforeseen = wait_for_status("unforeseen", ended, timeout_s=15)
+    assert (retried["status"], int(retried["attempts"])) == ("SUCCEEDED", 2)
+    assert (gone["status"], int(gone["attempts"])) == ("FAILED", 1)
+    assert (unforeseen["status"], int(unforeseen["attempts"])) == ("FAILED", 1)
+    assert "UnicodeError" in unforeseen["error"]
+    assert [a.task_id for a in receiver.received()] == ["try-again"]
 
 
 def submit(runtime, body: dict) -> tuple[int, dict]:

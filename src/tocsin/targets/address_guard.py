@@ -6,9 +6,11 @@ connected to, so a DNS answer that changes between check and connect cannot slip
 import ipaddress
 import socket
 
-from tocsin.errors import PermanentTargetError
+from tocsin.errors import PermanentTargetError, TransientTargetError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+MAX_NAME_CHARS = 253  # RFC 1035's limits, on the name as DNS carries it (IDNA-encoded)
+MAX_LABEL_CHARS = 63
 NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
 
@@ -39,12 +41,31 @@ def literal_address(host: str) -> IPAddress | None:
         return None
 
 
+def dns_name_problem(host: str) -> str | None:
+    """Why `host` cannot be a DNS name, or None. Python's resolver raises UnicodeError, not
+    a resolver error, for an empty label or one over 63 characters: caught at submit, such
+    a host never reaches a send."""
+    name = host.removesuffix(".")
+    try:
+        encoded = name.encode("idna")
+    except UnicodeError:
+        return "is not a DNS name (an empty label, or a label over 63 characters)"
+    if len(encoded) > MAX_NAME_CHARS:
+        return f"is over {MAX_NAME_CHARS} characters"
+    if any(not 0 < len(label) <= MAX_LABEL_CHARS for label in encoded.split(b".")):
+        return "is not a DNS name (an empty label, or a label over 63 characters)"
+    return None
+
+
 def resolve(host: str, port: int, *, allow_internal: bool) -> str:
-    """Resolve `host` to one address to connect to; every answer must be public unless allowed."""
+    """Resolve `host` to one address to connect to; every answer must be public unless
+    allowed. A resolver that answers "try again" (EAI_AGAIN) is a transient failure; a
+    name that does not exist is a permanent one."""
     try:
         answers = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as error:
-        raise PermanentTargetError(f"cannot resolve webhook host {host!r}: {error}") from error
+        failure = TransientTargetError if error.errno == socket.EAI_AGAIN else PermanentTargetError
+        raise failure(f"cannot resolve webhook host {host!r}: {error}") from error
     addresses = [ipaddress.ip_address(info[4][0]) for info in answers]
     if not allow_internal:
         internal = [str(a) for a in addresses if not is_public(a)]

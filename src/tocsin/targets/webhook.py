@@ -104,9 +104,11 @@ class WebhookTarget(Target):
             raise ValueError("must be an http(s) URL with a host")
         if parts.username or parts.password:
             raise ValueError("must not carry credentials")
+        literal = address_guard.literal_address(parts.hostname)
+        if literal is None and (problem := address_guard.dns_name_problem(parts.hostname)):
+            raise ValueError(f"its host {problem}")
         if _is_allowed(parts):
             return url
-        literal = address_guard.literal_address(parts.hostname)
         if parts.hostname == "localhost" or (literal and not address_guard.is_public(literal)):
             raise ValueError("must not point at an internal address unless its host is allowed")
         if parts.scheme != "https":
