@@ -67,12 +67,14 @@ tests: $(VENV)/.installed sam-build dynamodb-local asl-interpreter chromium
 	@$(call judged,tests-$(PYTHON_VERSION),$(BIN)/pytest $(PYTEST))
 
 # The same tests on the functions' Python, but for those whose outcome does not depend on
-# the Python that runs them (marked `any_python`: the locks, the template, the layer).
+# the Python that runs them (marked `any_python`: the locks, the template, the layer) and
+# those of the developer tools (marked `tool`: bench, chaos, demo, serve), which run on the
+# developer's Python; the functions the tools run, the other tests run here.
 tests-runtime: sam-build dynamodb-local $(if $(RUNTIME_PYTHON),$(RUNTIME_VENV)/.installed)
 ifeq ($(RUNTIME_PYTHON),)
 	@$(call missing,tests-3.13,no Python 3.13 (python3.13 on the PATH, or pyenv install 3.13))
 else
-	@$(call judged,tests-3.13,$(RUNTIME_VENV)/bin/pytest $(PYTEST) -m "not any_python")
+	@$(call judged,tests-3.13,$(RUNTIME_VENV)/bin/pytest $(PYTEST) -m "not any_python and not tool")
 endif
 
 # The console's browser tests drive Debian's Chromium (tests/integration/test_console.py).

@@ -183,6 +183,7 @@ def test_dns_rebound_after_the_check_does_not_reach_loopback(guarded, listener, 
 
 
 @pytest.mark.slow
+@pytest.mark.tool
 def test_serve_allows_exactly_the_hosts_it_is_told(receiver):
     """`tocsin serve --allow-host 127.0.0.1:<port>` lets webhooks reach that receiver and
     no other port of the same host."""

@@ -19,7 +19,7 @@ from tocsin.measure.bench import StartRecorder, baseline_input, recording_starts
 from tocsin.model import TaskType
 from tocsin.settings import Settings
 
-pytestmark = pytest.mark.slow  # the scenarios wait for their tasks' due times
+pytestmark = [pytest.mark.slow, pytest.mark.tool]  # they wait for their tasks' due times
 
 
 def test_spread_times_tocsin_and_the_baseline_on_the_same_plan(tmp_path, capsys, monkeypatch):

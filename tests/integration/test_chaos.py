@@ -15,7 +15,7 @@ from tocsin.cli import main
 from tocsin.measure import chaos
 from tocsin.measure.chaos import HOLES, SCENARIOS, run_scenario
 
-pytestmark = pytest.mark.slow  # every scenario waits for its tasks' due times
+pytestmark = [pytest.mark.slow, pytest.mark.tool]  # each waits for its tasks' due times
 
 ZERO = dict.fromkeys(HOLES, 0)
 RUNS = dict.fromkeys(SCENARIOS, (15, 3)) | {  # tasks and seed

@@ -13,7 +13,7 @@ from tests.conftest import MANY_P99_LATE_MS, last_json
 from tests.integration.test_leftovers import MARK, all_gone, marked_environment
 from tocsin.local.dynamodb_local import jar
 
-pytestmark = pytest.mark.slow  # each command starts a runtime in a process of its own
+pytestmark = [pytest.mark.slow, pytest.mark.tool]  # each starts a runtime in a process
 
 ROOT = Path(__file__).parents[2]
 

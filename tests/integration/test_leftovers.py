@@ -92,6 +92,7 @@ def test_dynamodb_locals_jvm_ends_with_the_process_that_started_it(ending):
 
 
 @pytest.mark.slow
+@pytest.mark.tool
 @pytest.mark.parametrize("ending", ["SIGTERM", "SIGINT"])
 def test_serve_stopped_leaves_nothing_running(ending, monkeypatch):
     mark = uuid.uuid4().hex

@@ -88,6 +88,7 @@ def test_without_a_state_file_nothing_is_kept(tmp_path, receiver):
 
 
 @pytest.mark.slow
+@pytest.mark.tool
 def test_serve_keeps_tasks_across_a_restart(tmp_path):
     state_file = tmp_path / "tocsin.json"
     server, url = serve("--state", str(state_file))

@@ -245,6 +245,7 @@ def test_sample_schedule_events_run_through_the_handler_in_order(runtime):
 
 
 @pytest.mark.slow
+@pytest.mark.tool
 def test_a_restart_of_serve_skips_or_fires_the_latest_missed_occurrence(tmp_path, receiver):
     state_file = tmp_path / "tocsin.json"
     arguments = ["--state", str(state_file), "--allow-host", "127.0.0.1"]
