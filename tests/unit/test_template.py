@@ -276,3 +276,15 @@ def test_provisioned_capacity_scales_every_table_and_index_but_the_sent_log():
 
 def test_the_bench_prices_executors_at_the_lead_a_deployed_stack_has():
     assert TEMPLATE["Parameters"]["LeadMilliseconds"]["Default"] == AWS_LEAD_MS
+
+
+def test_a_tasks_body_is_kept_whenever_the_task_is():
+    """A large task's target and payload live in the Bodies table: deleting the stack (or
+    replacing a table) must keep them wherever it keeps the Tasks table, or the kept tasks
+    could never fire."""
+    resources = TEMPLATE["Resources"]
+    policies = {
+        name: (resources[name]["DeletionPolicy"], resources[name]["UpdateReplacePolicy"])
+        for name in ("TasksTable", "BodiesTable")
+    }
+    assert policies["BodiesTable"] == policies["TasksTable"] == ("Retain", "Retain")
