@@ -553,10 +553,11 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.command == "demo" and (
-        args.tasks < 1 or args.spread <= 0 or args.lookahead < 5 or args.finder_interval <= 0
-    ):
-        parser().error("--tasks >= 1, --spread > 0, --lookahead >= 5 and --finder-interval > 0")
+    if args.command == "demo" and (args.tasks < 1 or args.spread <= 0):
+        parser().error("--tasks >= 1 and --spread > 0")
+    if args.command in ("demo", "serve") and not 0 < 2 * args.finder_interval < args.lookahead:
+        # as on AWS (LookAheadSeconds): a task is still found when one finder run is missed
+        parser().error("--lookahead must exceed two --finder-interval (both > 0)")
     if args.command == "bench" and not 0 < args.scale <= 1:
         parser().error("--scale: a fraction in (0, 1]")
     if args.command == "bench" and args.plot:

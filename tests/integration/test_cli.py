@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import MANY_P99_LATE_MS, last_json
 from tests.integration.test_leftovers import MARK, all_gone, marked_environment
+from tocsin.cli import main
 from tocsin.local.dynamodb_local import jar
 
 pytestmark = [pytest.mark.slow, pytest.mark.tool]  # each starts a runtime in a process
@@ -43,6 +44,13 @@ def test_demo_fires_every_task_once_and_never_early():
     assert set(summary["lateness_ms"]) == {"p50", "p90", "p99", "max"}
     assert 0 <= summary["lateness_ms"]["p99"] <= MANY_P99_LATE_MS
     assert "in the console while the demo runs: http://127.0.0.1:" in run.stderr
+
+
+@pytest.mark.parametrize("command", ["demo", "serve"])
+def test_a_look_ahead_within_two_finder_intervals_is_refused(command, capsys):
+    with pytest.raises(SystemExit) as refused:
+        main([command, "--lookahead", "10", "--finder-interval", "5"])
+    assert refused.value.code == 2 and "--lookahead" in capsys.readouterr().err
 
 
 def test_console_says_which_option_failed_when_it_cannot_reach_a_stack():

@@ -288,3 +288,11 @@ def test_a_tasks_body_is_kept_whenever_the_task_is():
         for name in ("TasksTable", "BodiesTable")
     }
     assert policies["BodiesTable"] == policies["TasksTable"] == ("Retain", "Retain")
+
+
+def test_the_look_ahead_covers_two_finder_runs_at_the_most_frequent_schedule():
+    """A task must still be found when one finder run is missed: the look-ahead spans more
+    than two runs. EventBridge schedules run once a minute at the most."""
+    look_ahead = TEMPLATE["Parameters"]["LookAheadSeconds"]
+    assert look_ahead["MinValue"] > 2 * 60
+    assert look_ahead["Default"] > 2 * 60
