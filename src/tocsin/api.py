@@ -18,9 +18,11 @@ from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
+from botocore.exceptions import ClientError
 
+from tocsin import aws
 from tocsin.api_models import ErrorReply, SchedulePage, ScheduleView, TaskPage, TaskView, Upcoming
-from tocsin.errors import TaskError, Unauthenticated
+from tocsin.errors import Busy, TaskError, Unauthenticated
 from tocsin.lifecycle import (
     MAX_PAGE,
     Change,
@@ -44,6 +46,7 @@ from tocsin.schedules import (
     update_schedule,
 )
 from tocsin.settings import settings
+from tocsin.store import BUSY
 from tocsin.submit import Submission, submit_task
 
 app = APIGatewayHttpResolver(enable_validation=True)
@@ -58,13 +61,16 @@ REFUSALS = {
     HTTPStatus.CONFLICT: "the id is taken by another body, the task is claimed already (or, "
     "to retry, not FAILED), or the schedule changed meanwhile",
     HTTPStatus.UNSUPPORTED_MEDIA_TYPE: "a body that is not JSON (Content-Type: application/json)",
-    HTTPStatus.SERVICE_UNAVAILABLE: "DynamoDB throttled the read: send the same request again",
+    HTTPStatus.SERVICE_UNAVAILABLE: "DynamoDB throttled the request past its retries: send "
+    "the same request again",
 }
 
 
 def _replies(success: dict[int, tuple[str, type]], *refused: int) -> dict[int, Any]:
-    """The `responses` of a route: its successes and its refusals, each with its model."""
-    replies = {**success, **{status: (REFUSALS[status], ErrorReply) for status in refused}}
+    """The `responses` of a route: its successes and its refusals, each with its model;
+    every route reads or writes DynamoDB, so each may be refused as busy (503)."""
+    refusals = (*refused, HTTPStatus.SERVICE_UNAVAILABLE)
+    replies = {**success, **{status: (REFUSALS[status], ErrorReply) for status in refusals}}
     return {
         int(status): {"description": text, "content": {"application/json": {"model": model}}}
         for status, (text, model) in replies.items()
@@ -103,7 +109,7 @@ def submit(submission: Annotated[Submission, Body()]) -> Response[TaskView]:
 @app.get(
     "/tasks",
     summary="Your tasks, earliest (or latest) due first, a page at a time",
-    responses=_replies({200: ("one page", TaskPage)}, 400, 401, 503),
+    responses=_replies({200: ("one page", TaskPage)}, 400, 401),
 )
 def list_(
     status: Annotated[TaskStatus | None, Query()] = None,
@@ -197,7 +203,7 @@ def list_all(
 @app.get(
     "/schedules/<id>",
     summary="A schedule: its state, next occurrence, last fire and counts",
-    responses=_replies({200: ("the schedule", ScheduleView)}, 400, 401, 404, 503),
+    responses=_replies({200: ("the schedule", ScheduleView)}, 400, 401, 404),
 )
 def read(id: ScheduleId) -> Response[ScheduleView]:
     return _reply(HTTPStatus.OK, get_schedule(id, _caller(), settings()))
@@ -240,6 +246,16 @@ def remove(id: ScheduleId) -> Response[ScheduleView]:
 def refused(error: TaskError) -> Response[Any]:
     logger.info("refused", code=error.code, field=error.field)
     return _error(error.status, error.code, error.message, error.field)
+
+
+@app.exception_handler(ClientError)
+def throttled(error: ClientError) -> Response[Any]:
+    """DynamoDB throttled a write (or a read) past botocore's retries: 503, which a client
+    retries, where the request may well pass a moment later; a throttled write wrote
+    nothing. Any other refusal is raised as it is (500)."""
+    if not aws.is_throttling(error):
+        raise error
+    return refused(Busy(BUSY))
 
 
 @app.exception_handler(RequestValidationError)

@@ -34,7 +34,7 @@ SCHEDULE_INDEX_KEY = ("task_id", "schedule_id", "due_ms")
 # is read whole), up to LAST_FIRED_LOOKS pages.
 LAST_FIRED_PAGE = 10
 LAST_FIRED_LOOKS = 25
-BUSY = "the tasks table is busy: send the same request again"
+BUSY = "DynamoDB is busy: send the same request again"
 STATUS_AND_VERSION = {"#s": "status", "#v": "version"}
 
 

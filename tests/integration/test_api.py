@@ -307,6 +307,48 @@ def test_a_query_dynamodb_throttles_past_botocores_retries_is_refused_as_busy(ru
     assert len(throttled) > 1  # botocore retried it first
 
 
+WRITES = ("PutItem", "UpdateItem", "DeleteItem", "TransactWriteItems", "BatchWriteItem")
+
+
+@pytest.mark.parametrize(
+    ("target", "body"),
+    [
+        ("/tasks", sns_task("t-1")),
+        (
+            "/schedules",
+            {
+                "id": "s-1",
+                "expression": "rate(1 hour)",
+                "type": "sns",
+                "target": {"topic_arn": "arn:aws:sns:us-east-1:123456789012:t"},
+            },
+        ),
+    ],
+    ids=["task", "schedule"],
+)
+def test_a_write_dynamodb_throttles_past_botocores_retries_is_refused_as_busy(
+    runtime, no_backoff, target, body
+):
+    """503 busy, which the client retries (it was a 500), and nothing written: the same
+    request then creates it."""
+    throttled: list[str] = []
+
+    def throttle(request: AWSPreparedRequest, **_: object) -> AWSResponse:
+        throttled.append(request.url)
+        error = (
+            b'{"__type":"com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException"}'
+        )
+        return AWSResponse(request.url, 400, {}, MockRawResponse(error))
+
+    client = aws.resource("dynamodb").meta.client
+    with hooked(client, *((f"before-send.dynamodb.{op}", throttle) for op in WRITES)):
+        status, error = call_api(runtime, "POST", target, body)
+    assert status == 503 and error["error"]["code"] == "busy", error
+    assert len(throttled) > 1  # botocore retried it first
+    assert call_api(runtime, "GET", f"{target}/{body['id']}")[0] == 404
+    assert call_api(runtime, "POST", target, body)[0] == 201
+
+
 def test_a_reschedule_to_long_ago_is_refused_and_changes_nothing(runtime):
     assert call_api(runtime, "POST", "/tasks", sns_task())[0] == 201
     before = all_tasks()
