@@ -32,6 +32,7 @@ def _demo(args: argparse.Namespace) -> int:
         lookahead_s=args.lookahead,
         finder_interval_s=args.finder_interval,
         tables=args.tables,
+        lambda_limits=args.lambda_limits,
     )
     return demo.main(options, args.json)
 
@@ -97,6 +98,7 @@ def _serve(args: argparse.Namespace) -> int:
         finder_interval_s=args.finder_interval,
         state_file=args.state,
         tables=args.tables,
+        lambda_limits=args.lambda_limits,
     )
     with ExitStack() as running:
         try:
@@ -107,6 +109,8 @@ def _serve(args: argparse.Namespace) -> int:
         url = running.enter_context(serving(runtime, args.port, args.principal))
         print(f"Tocsin API on {url} (caller: X-Tocsin-Principal header). Ctrl-C stops.")
         print(f"  the console: {url}/ (acting as {args.principal})")
+        for line in runtime.sandbox_report():
+            print(f"  {line}")
         print(f"  its OpenAPI document: {url}/openapi.json, Swagger UI: {url}/swagger")
         if args.state:
             requeued = len(runtime.requeued)
@@ -399,7 +403,7 @@ def _chaos(args: argparse.Namespace) -> int:
     names = _scenario_names(args.scenarios, list(chaos.SCENARIOS), list(chaos.SCENARIOS))
     if names is None:
         return 2
-    return chaos.main(names, args.tasks, args.seed, args.json)
+    return chaos.main(names, args.tasks, args.seed, args.json, args.lambda_limits)
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -416,7 +420,10 @@ def _bench(args: argparse.Namespace) -> int:
     if isinstance(pricing, str):
         print(f"error: {pricing}", file=sys.stderr)
         return 2
-    return bench.main(names, args.scale, args.seed, args.json, args.plot, pricing, args.tables)
+    return bench.main(
+        names, args.scale, args.seed, args.json, args.plot, pricing, args.tables,
+        args.lambda_limits,
+    )  # fmt: skip
 
 
 def _pricing(args: argparse.Namespace) -> "Pricing | str | None":
@@ -432,6 +439,15 @@ def _pricing(args: argparse.Namespace) -> "Pricing | str | None":
     if not 20 <= utilization <= 90:
         return f"--utilization {utilization:g}: Application Auto Scaling targets 20 to 90 %"
     return Pricing(args.billing or "on-demand", utilization / 100)
+
+
+def _lambda_limits_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--lambda-limits",
+        action="store_true",
+        help="run each executor invocation in a process limited as Lambda limits it: a CPU "
+        "share of MemorySize / 1,769 of a core, a memory cap, its Timeout (Linux cgroups, root)",
+    )
 
 
 def _tables_option(command: argparse.ArgumentParser) -> None:
@@ -456,6 +472,7 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--lookahead", type=int, default=20, help="finder look-ahead, s (20)")
     demo.add_argument("--finder-interval", type=float, default=5.0, help="finder ticker, s (5)")
     _tables_option(demo)
+    _lambda_limits_option(demo)
     demo.set_defaults(run=_demo)
 
     invoke = commands.add_parser("invoke", help="run one function of template.yaml on an event")
@@ -493,6 +510,7 @@ def parser() -> argparse.ArgumentParser:
         help="the caller of requests that name none, the console's (local-user)",
     )
     _tables_option(serve)
+    _lambda_limits_option(serve)
     serve.set_defaults(run=_serve)
 
     console = commands.add_parser(
@@ -512,6 +530,7 @@ def parser() -> argparse.ArgumentParser:
     chaos.add_argument("--tasks", type=int, default=200, help="tasks per scenario (200)")
     chaos.add_argument("--seed", type=int, default=7, help="random seed (7)")
     chaos.add_argument("--json", action="store_true", help="print the results as JSON, last line")
+    _lambda_limits_option(chaos)
     chaos.set_defaults(run=_chaos)
 
     bench = commands.add_parser("bench", help="measure precision and throughput locally")
@@ -537,6 +556,7 @@ def parser() -> argparse.ArgumentParser:
         help="with --billing provisioned: the share of capacity a steady load uses (70)",
     )
     _tables_option(bench)
+    _lambda_limits_option(bench)
     bench.set_defaults(run=_bench)
 
     redrive = commands.add_parser(
@@ -570,8 +590,14 @@ def main(argv: list[str] | None = None) -> int:
         parser().error("reschedule needs --at, --payload or both")
     if args.command == "schedule" and args.action == "update" and not _schedule_changes(args):
         parser().error("schedule update needs at least one option to change")
-    with sigterm_as_interrupt() if args.command in RUN_UNTIL_STOPPED else nullcontext():
-        return int(args.run(args))
+    from tocsin.local.sandbox import LimitsUnavailable
+
+    try:
+        with sigterm_as_interrupt() if args.command in RUN_UNTIL_STOPPED else nullcontext():
+            return int(args.run(args))
+    except LimitsUnavailable as refused:  # never a silent run without the limits
+        print(f"error: {refused}", file=sys.stderr)
+        return 2
 
 
 # Commands that run a runtime or a server until they end or are stopped: SIGTERM (a service

@@ -39,7 +39,6 @@
 """
 
 import gc
-import importlib.util
 import json
 import logging
 import math
@@ -60,6 +59,7 @@ from tocsin.local import moto_patches, state
 from tocsin.local.dynamodb_local import DynamoDBLocalTables
 from tocsin.local.dynamodb_process import DynamoDBProcess, process_usage, unsigned_to
 from tocsin.local.gates_first import GatesFirst
+from tocsin.local.lambda_context import LocalLambdaContext, load_handler
 from tocsin.local.queues import QueueMapping, poll, take_over_mappings
 from tocsin.local.stack import (
     ACCOUNT_ID,
@@ -132,17 +132,6 @@ class LocalFunction:
     architecture: str
 
 
-def _load_handler(code_dir: Path, handler: str, logical_id: str) -> Callable[[Any, Any], Any]:
-    module_name, attribute = handler.rsplit(".", 1)
-    path = code_dir / f"{module_name.replace('.', '/')}.py"
-    spec = importlib.util.spec_from_file_location(f"tocsin_function_{logical_id}", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, attribute)
-
-
 class ResponseSizeTooLarge(Exception):
     """What Lambda answers for a response past RESPONSE_LIMIT_BYTES (an API Gateway caller
     gets a 500)."""
@@ -160,6 +149,7 @@ class EmbeddedRuntime:
         root: Path | None = None,
         state_file: Path | None = None,
         tables: str = "moto",
+        lambda_limits: bool = False,
     ):
         self.root = root or project_root()
         self.parameters = {**LOCAL_PARAMETERS, **(parameters or {})}
@@ -184,6 +174,10 @@ class EmbeddedRuntime:
         self._invocations_done = threading.Condition()
         self._stopped = False
         self._turns = {logical_id: threading.Lock() for logical_id in ONE_AT_A_TIME}
+        self.lambda_limits = lambda_limits
+        self.sandboxes: Any = None  # tocsin.local.sandbox.Pool, with lambda_limits
+        self._sandboxed: dict[str, Any] = {}  # executor logical id -> its FunctionSpec
+        self.calibration: list[dict[str, Any]] = []  # the sandboxes' CPU share, measured
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -202,6 +196,11 @@ class EmbeddedRuntime:
             raise
 
     def _start(self) -> None:
+        if self.lambda_limits:  # refuse before anything starts, saying why
+            from tocsin.local import sandbox
+
+            self._cgroup_bases = sandbox.cgroup_bases()
+            sandbox.sweep(self._cgroup_bases)
         self._exits.enter_context(mock.patch.dict(os.environ, PROCESS_ENVIRONMENT))
         engine = DynamoDBLocalTables if self.tables == "dynamodb-local" else DynamoDBProcess
         self.dynamodb = engine(dict(os.environ))  # starts while the rest is built
@@ -232,6 +231,8 @@ class EmbeddedRuntime:
         if saved:
             state.restore(STACK_NAME, saved)
         self._install_functions(template)
+        if self.lambda_limits:
+            self._start_sandboxes(template)
         self._create_state_machine(template)
         if saved:
             self.requeued = state.requeue_interrupted()
@@ -260,6 +261,8 @@ class EmbeddedRuntime:
                 state.save(self.state_file, state.snapshot(STACK_NAME))
             else:  # they end at their gates, sending nothing, before the services go
                 self._gates_first.stop()
+                if self.sandboxes is not None:  # their gates end by a kill, sending nothing
+                    self.sandboxes.close()
                 self._drain_invocations(END_INVOCATIONS_S)
         self._exits.close()
         self._forget_process_caches()
@@ -281,7 +284,6 @@ class EmbeddedRuntime:
 
     def invoke(self, logical_id: str, event: Any) -> Any:
         """Run one function of the template on `event`, as Lambda would."""
-        from tocsin.local.lambda_context import LocalLambdaContext
         from tocsin.observability import metrics
 
         function = self.functions[logical_id]
@@ -289,7 +291,10 @@ class EmbeddedRuntime:
         started = time.perf_counter()
         try:
             with self._turns.get(logical_id, nullcontext()):
-                result = function.handler(event, context)
+                if logical_id in self._sandboxed:
+                    result = self.sandboxes.invoke(self._sandboxed[logical_id], event)
+                else:
+                    result = function.handler(event, context)
             if len(json.dumps(result).encode()) > RESPONSE_LIMIT_BYTES:
                 raise ResponseSizeTooLarge(
                     f"Response payload size exceeded maximum allowed payload size "
@@ -385,13 +390,51 @@ class EmbeddedRuntime:
             properties = template["Resources"][logical_id]["Properties"]
             name = self.resolve({"Ref": logical_id})
             arn = self.resolve({"Fn::GetAtt": [logical_id, "Arn"]})
-            handler = _load_handler(code_dir, properties["Handler"], logical_id)
+            handler = load_handler(code_dir, properties["Handler"], logical_id)
             timeout = float(properties.get("Timeout", 3))
             memory = int(properties.get("MemorySize", 128))
             (architecture,) = properties.get("Architectures", ["x86_64"])
             self.functions[logical_id] = LocalFunction(
                 logical_id, name, arn, handler, timeout, memory, architecture
             )
+
+    def _start_sandboxes(self, template: dict[str, Any]) -> None:
+        """Executors run in processes of their own, under Lambda's limits
+        (`tocsin.local.sandbox`); they reach moto's services here over HTTP."""
+        from tocsin.local import sandbox
+
+        endpoint = self._exits.enter_context(sandbox.serving_moto())
+        environment = dict(os.environ) | {"AWS_ENDPOINT_URL": endpoint}
+        self.sandboxes = sandbox.Pool(self._cgroup_bases, environment)
+        self._exits.callback(self.sandboxes.close)
+        for logical_id, code_dir in self._code_dirs.items():
+            if not logical_id.endswith("ExecutorFunction"):
+                continue
+            function = self.functions[logical_id]
+            handler = template["Resources"][logical_id]["Properties"]["Handler"]
+            self._sandboxed[logical_id] = sandbox.FunctionSpec(
+                logical_id,
+                function.name,
+                function.arn,
+                str(code_dir),
+                handler,
+                function.timeout_s,
+                function.memory_mb,
+            )
+        sizes = sorted({spec.memory_mb for spec in self._sandboxed.values()})
+        shares = tuple(size / sandbox.MB_PER_CORE for size in sizes)
+        self.calibration = sandbox.calibrate(self._cgroup_bases, shares)
+        for size, figures in zip(sizes, self.calibration, strict=True):
+            figures["memory_mb"] = size
+
+    def sandbox_report(self) -> list[str]:
+        """What the sandboxes give each executor and the CPU share a busy loop measured in
+        one (the machine's other work can only lower it); nothing without them."""
+        return [
+            f"executors in Lambda-sized sandboxes: {f['memory_mb']} MB, a CPU share of "
+            f"{f['given']:.3f} of a core given, {f['measured']:.3f} measured"
+            for f in self.calibration
+        ]
 
     def _create_state_machine(self, template: dict[str, Any]) -> None:
         """Create the task machine where moto executes it, its placeholders resolved.
@@ -517,7 +560,10 @@ class EmbeddedRuntime:
 
         invocation = threading.Thread(target=run, name=f"invoke-{function.logical_id}")
         invocation.start()
-        invocation.join(function.timeout_s)
+        # A sandbox kills its child at the timeout (counted after a cold start's init, as
+        # Lambda counts it) and answers Sandbox.Timedout itself.
+        sandboxed = function.logical_id in self._sandboxed
+        invocation.join(function.timeout_s + (15.0 if sandboxed else 0.0))
         if not answer:
             timed_out = f"Task timed out after {function.timeout_s:.2f} seconds"
             answer.append((_function_error("Sandbox.Timedout", timed_out), True))

@@ -71,6 +71,14 @@ class Bench:
     scale: float = 1.0
     cost: Pricing | None = None  # count billed usage and price it so
     tables: str = "moto"  # where the runtimes keep their tables (TABLE_ENGINES)
+    lambda_limits: bool = False  # executors in Lambda-sized sandboxes (tocsin.local.sandbox)
+
+    def runtime(self, parameters: dict[str, str] | None = None, **options: Any) -> EmbeddedRuntime:
+        """A runtime on the bench's tables and limits; no finder ticker unless asked."""
+        options = {"finder_interval_s": None, **options}
+        return EmbeddedRuntime(
+            parameters, tables=self.tables, lambda_limits=self.lambda_limits, **options
+        )
 
     def size(self, full: int) -> int:
         return max(5, round(full * self.scale))
@@ -172,10 +180,9 @@ def timed_run(
     started = time.monotonic()
     with (
         ReceiverProcess() as receiver,
-        EmbeddedRuntime(
+        bench.runtime(
             {"LookAheadSeconds": str(LOOKAHEAD_S), **allowing(receiver.url)},
             finder_interval_s=FINDER_INTERVAL_S,
-            tables=bench.tables,
         ) as runtime,
     ):
         idle = idle_finder_run(runtime) if cost else None
@@ -437,9 +444,7 @@ def finder_scale(bench: Bench) -> dict[str, Any]:
     """100,000 tasks due over 30 days and 1,000 due within the look-ahead: one finder run
     must start exactly the due ones, reading about as many items as are due."""
     stored, due_now = bench.size(100_000), bench.size(1000)
-    with EmbeddedRuntime(
-        {"LookAheadSeconds": "60"}, finder_interval_s=None, tables=bench.tables
-    ) as runtime:
+    with bench.runtime({"LookAheadSeconds": "60"}) as runtime:
         now = clock.now_ms()
         later = [now + 3_600_000 + bench.rng.randrange(30 * 86_400_000) for _ in range(stored)]
         soon = [now + 5000 + bench.rng.randrange(50_000) for _ in range(due_now)]
@@ -501,7 +506,7 @@ def throttled(bench: Bench) -> dict[str, Any]:
     }
     with (
         mock.patch.dict(os.environ, {"DISPATCH_WORKERS": str(workers)}),
-        EmbeddedRuntime(parameters, finder_interval_s=None, tables=bench.tables) as runtime,
+        bench.runtime(parameters) as runtime,
     ):
         # Due 35-60 s after the first finder run, not after the bench began storing them.
         first_run_ms = clock.now_ms() + tasks * STORE_ALLOWANCE_MS
@@ -551,7 +556,7 @@ def aws_burst(bench: Bench) -> dict[str, Any]:
 
     tasks = bench.size(50_000)
     parameters = {"LookAheadSeconds": "180", "LeadMilliseconds": "2000", "WakesPerSecond": "300"}
-    with EmbeddedRuntime(parameters, finder_interval_s=None, tables=bench.tables) as runtime:
+    with bench.runtime(parameters) as runtime:
         config = settings()
         # A minute after the finder's run, as a run a minute or more ahead finds a burst.
         due_second = (clock.now_ms() + tasks * STORE_ALLOWANCE_MS) // 1000 + 60
@@ -639,10 +644,11 @@ def run(
     cost: Pricing | None,
     console: Any,
     tables: str = "moto",
+    lambda_limits: bool = False,
 ) -> dict[str, Any]:
     """Each named scenario in turn, with progress bars; their figures by name."""
     with progress_bars(console, label_width=22, transient=True) as progress:
-        bench = Bench(progress, random.Random(seed), scale, cost, tables)
+        bench = Bench(progress, random.Random(seed), scale, cost, tables, lambda_limits)
         overall = progress.add_task("scenarios", total=len(names))
         results = {}
         for name in names:
@@ -810,6 +816,7 @@ def main(
     plot_path: str | None,
     cost: Pricing | None,
     tables: str = "moto",
+    lambda_limits: bool = False,
 ) -> int:
     """Run, report (tables, or JSON as the last line), plot; 1 if a promise broke."""
     import logging
@@ -818,7 +825,7 @@ def main(
 
     logging.getLogger("moto").setLevel(logging.CRITICAL)
     console = Console(stderr=as_json)
-    results = run(names, scale, seed, cost, console, tables)
+    results = run(names, scale, seed, cost, console, tables, lambda_limits)
     if plot_path:
         plot(results, plot_path)
     for figures in results.values():

@@ -138,7 +138,7 @@ class Trial:
         unfinished = sum(at_stop[status] for status in ("PENDING", "RUNNING"))
         self.met("tasks_unfinished_at_stop", unfinished)
         self.runtime = self.runtimes.enter_context(
-            _runtime(self.runtime.state_file, self.receiver.url)
+            _runtime(self.runtime.state_file, self.receiver.url, self.runtime.lambda_limits)
         )
 
     def finder_until_done(self, runs: int = 30) -> None:
@@ -658,13 +658,15 @@ SCENARIOS: dict[str, Callable[[Trial, int], None]] = {
 }
 
 
-def _runtime(state_file: Path, receiver_url: str) -> EmbeddedRuntime:
+def _runtime(state_file: Path, receiver_url: str, lambda_limits: bool) -> EmbeddedRuntime:
     parameters = {"LogLevel": "ERROR", **allowing(receiver_url)}
-    return EmbeddedRuntime(parameters, finder_interval_s=None, state_file=state_file)
+    return EmbeddedRuntime(
+        parameters, finder_interval_s=None, state_file=state_file, lambda_limits=lambda_limits
+    )
 
 
 @contextmanager
-def trial(seed: int) -> Iterator[Trial]:
+def trial(seed: int, lambda_limits: bool = False) -> Iterator[Trial]:
     # A shorter webhook timeout keeps the hanging receiver's scenario quick; it stays long
     # enough that a busy machine's slow 200 is not mistaken for a hang (which would be an
     # ambiguous failure, retried, and delivered twice by design).
@@ -674,15 +676,18 @@ def trial(seed: int) -> Iterator[Trial]:
         tempfile.TemporaryDirectory(prefix="tocsin-chaos-") as folder,
         ExitStack() as runtimes,
     ):
-        runtime = runtimes.enter_context(_runtime(Path(folder) / "state.json", receiver.url))
+        state_file = Path(folder) / "state.json"
+        runtime = runtimes.enter_context(_runtime(state_file, receiver.url, lambda_limits))
         world = Trial(runtime, receiver, random.Random(seed), runtimes=runtimes)
         with world.exits:
             yield world
 
 
-def run_scenario(name: str, tasks: int, seed: int = 7) -> dict[str, Any]:
+def run_scenario(
+    name: str, tasks: int, seed: int = 7, lambda_limits: bool = False
+) -> dict[str, Any]:
     """Run one scenario on a fresh runtime and judge every task."""
-    with trial(seed) as world:
+    with trial(seed, lambda_limits) as world:
         SCENARIOS[name](world, tasks)
         world.settle()  # the tasks fire with the fault still on
         world.exits.close()  # then it is off: anything left runs as after a recovery
@@ -690,7 +695,9 @@ def run_scenario(name: str, tasks: int, seed: int = 7) -> dict[str, Any]:
         return {**world.judge(), **world.notes, "faults_met": dict(world.faults_met)}
 
 
-def main(names: list[str], tasks: int, seed: int, as_json: bool) -> int:
+def main(
+    names: list[str], tasks: int, seed: int, as_json: bool, lambda_limits: bool = False
+) -> int:
     """Run the scenarios one by one, with progress, then a table (or JSON, last line)."""
     import logging
 
@@ -706,7 +713,7 @@ def main(names: list[str], tasks: int, seed: int, as_json: bool) -> int:
         bar = progress.add_task("scenarios", total=len(names))
         for name in names:
             progress.update(bar, description=name)
-            results[name] = run_scenario(name, tasks, seed)
+            results[name] = run_scenario(name, tasks, seed, lambda_limits)
             progress.advance(bar)
     holes = sum(r[k] for r in results.values() for k in HOLES)
     if as_json:

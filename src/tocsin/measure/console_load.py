@@ -14,7 +14,6 @@ import time
 from typing import Any
 
 from tocsin import clock
-from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.local.server import DEFAULT_PRINCIPAL, serving
 from tocsin.measure import placed_long_ago
 from tocsin.settings import settings
@@ -79,7 +78,7 @@ def console_load(bench: Any) -> dict[str, Any]:
     if executable is None:
         raise SystemExit("console: no Chromium (apt-get install -y chromium, or TOCSIN_CHROMIUM)")
     tasks = bench.size(10_000)
-    with EmbeddedRuntime(finder_interval_s=None, tables=bench.tables) as runtime:
+    with bench.runtime() as runtime:
         _write_items(_items(tasks, clock.now_ms()))
         with serving(runtime) as url, sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=executable, args=FLAGS)

@@ -93,6 +93,7 @@ class DemoOptions:
     lookahead_s: int = 20
     finder_interval_s: float = 5.0
     tables: str = "moto"  # or "dynamodb-local" (tocsin.local.runtime.TABLE_ENGINES)
+    lambda_limits: bool = False  # executors in Lambda-sized sandboxes (tocsin.local.sandbox)
 
 
 def run_demo(options: DemoOptions) -> dict[str, Any]:
@@ -106,11 +107,14 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
             {"LookAheadSeconds": str(options.lookahead_s), **allowing(receiver.url)},
             finder_interval_s=options.finder_interval_s,
             tables=options.tables,
+            lambda_limits=options.lambda_limits,
         ) as runtime,
         serving(runtime, principal=OWNER) as url,
         progress_bars(console) as bar,
     ):
         console.print(f"Watch them in the console while the demo runs: {url}/")
+        for line in runtime.sandbox_report():
+            console.print(line)
         start = clock.now_ms() + START_DELAY_MS + SUBMIT_ALLOWANCE_MS * tasks
         offsets = sorted(rng.randint(0, int(options.spread_s * 1000)) for _ in range(tasks))
         planned = [PlannedTask(f"demo-{i:05d}", start + offset) for i, offset in enumerate(offsets)]
