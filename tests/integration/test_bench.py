@@ -11,10 +11,11 @@ from botocore.exceptions import ClientError
 from moto import mock_aws
 
 from tests.conftest import MANY_P99_LATE_MS, last_json
+from tests.integration.test_sandbox import SLACK, writable_cgroups
 from tocsin.cli import main
 from tocsin.dispatch import Batch, DueTask, execution_input
 from tocsin.local.dynamodb_local import jar
-from tocsin.measure import bench
+from tocsin.measure import bench, lambda_bench
 from tocsin.measure.bench import StartRecorder, baseline_input, recording_starts
 from tocsin.model import TaskType
 from tocsin.settings import Settings
@@ -215,3 +216,20 @@ def test_bench_refuses_a_pricing_it_cannot_state(capsys, arguments, named):
     a billing mode to a priced run: anything else is refused before anything runs."""
     assert main(["bench", "--scenarios", "spread", *arguments]) == 2
     assert named in capsys.readouterr().err
+
+
+@pytest.mark.skipif(writable_cgroups() is not None, reason=f"no sandbox here: {writable_cgroups()}")
+def test_lambda_fires_every_task_once_from_sandboxes_and_reports_each_size(capsys, monkeypatch):
+    """The scenario's shape at the template's size only (the others are the same code):
+    both types, then the large bodies, every task fired once and never early, from
+    sandboxes whose measured share the quota caps."""
+    monkeypatch.setattr(lambda_bench, "SIZES_MB", (256,))
+    assert main(["bench", "--scenarios", "lambda", "--scale", "0.01", "--json"]) == 0
+    figures = last_json(capsys.readouterr().out)["lambda"]
+    assert figures["tasks"] == figures["fired"] == 3 * figures["per_run"]
+    assert figures["early"] == figures["duplicates"] == figures["lost"] == 0
+    assert figures["memory_mb"] == 256 and 0 < figures["calibrated_share"] <= 0.145 * SLACK
+    assert set(figures["by_memory"]) == {"256"}
+    assert set(figures["by_memory"]["256"]) == {"webhook", "sqs"}
+    assert figures["bodies_peak_rss_mb"] > 0
+    assert 0 <= figures["lateness_ms"]["p99"] <= MANY_P99_LATE_MS

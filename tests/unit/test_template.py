@@ -296,3 +296,14 @@ def test_the_look_ahead_covers_two_finder_runs_at_the_most_frequent_schedule():
     look_ahead = TEMPLATE["Parameters"]["LookAheadSeconds"]
     assert look_ahead["MinValue"] > 2 * 60
     assert look_ahead["Default"] > 2 * 60
+
+
+def test_every_executor_takes_the_memory_size_the_stack_is_given():
+    """ExecutorMemorySize sizes all six executors (CPU comes with it: one vCPU at 1,769 MB);
+    the API, the finder and the submit function keep theirs."""
+    resources = TEMPLATE["Resources"]
+    executors = [name for name in resources if name.endswith("ExecutorFunction")]
+    assert len(executors) == len(TARGETS)
+    for name in executors:
+        assert resources[name]["Properties"]["MemorySize"] == {"Ref": "ExecutorMemorySize"}
+    assert TEMPLATE["Parameters"]["ExecutorMemorySize"]["Default"] == 256

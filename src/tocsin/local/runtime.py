@@ -392,7 +392,7 @@ class EmbeddedRuntime:
             arn = self.resolve({"Fn::GetAtt": [logical_id, "Arn"]})
             handler = load_handler(code_dir, properties["Handler"], logical_id)
             timeout = float(properties.get("Timeout", 3))
-            memory = int(properties.get("MemorySize", 128))
+            memory = int(self.resolve(properties.get("MemorySize", 128)))
             (architecture,) = properties.get("Architectures", ["x86_64"])
             self.functions[logical_id] = LocalFunction(
                 logical_id, name, arn, handler, timeout, memory, architecture

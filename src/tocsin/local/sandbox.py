@@ -232,6 +232,7 @@ class Environment:
             bases, spec.memory_mb / MB_PER_CORE, spec.memory_mb, period_us
         )
         self.invocations = 0
+        self.peak_mb = 0.0  # its cgroup's peak memory, kept when it is closed
         reply_read, reply_write = os.pipe()
         env = {
             **environment,
@@ -320,7 +321,10 @@ class Environment:
         return FunctionError("Lambda.Unknown", f"Runtime exited with error: exit status {code}")
 
     def close(self) -> None:
-        """Kill the child and everything in its cgroups, then remove them."""
+        """Kill the child and everything in its cgroups, then remove them (its peak memory
+        kept)."""
+        with suppress(OSError):
+            self.peak_mb = self.groups.stats()["memory_peak_mb"]
         if self.child.poll() is None:
             self.child.kill()
         self.child.wait()
@@ -342,6 +346,7 @@ class Pool:
         self._all: set[Environment] = set()
         self._lock = threading.Lock()
         self.cold_starts = 0
+        self._peaks_mb: list[float] = []  # of the environments gone
 
     def invoke(self, spec: FunctionSpec, event: Any) -> Any:
         with self._lock:
@@ -358,6 +363,7 @@ class Pool:
             if error.error_type in ("Sandbox.Timedout", "Lambda.Unknown"):  # environment gone
                 with self._lock:
                     self._all.discard(environment)
+                    self._peaks_mb.append(environment.peak_mb)
                 raise
             with self._lock:
                 self._idle[spec.logical_id].append(environment)
@@ -365,6 +371,12 @@ class Pool:
         with self._lock:
             self._idle[spec.logical_id].append(environment)
         return result
+
+    def peak_memory_mb(self) -> float:
+        """The most memory any environment of the pool has held (its cgroup's peak)."""
+        with self._lock:
+            live = [e.groups.stats()["memory_peak_mb"] for e in self._all]
+            return max([*live, *self._peaks_mb], default=0.0)
 
     def close(self) -> None:
         with self._lock:

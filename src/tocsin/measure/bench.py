@@ -37,6 +37,7 @@ from tocsin import aws, clock
 from tocsin.bodies import split
 from tocsin.dispatch import Batch, DueTask, attempt_limit_s, execution_arn, execution_input
 from tocsin.local.runtime import EmbeddedRuntime
+from tocsin.local.sandbox import MB_PER_CORE
 from tocsin.local.server import api_event
 from tocsin.measure import placed_long_ago
 from tocsin.measure.console_load import console_load
@@ -48,6 +49,7 @@ from tocsin.measure.demo import (
     progress_bars,
     summarize,
 )
+from tocsin.measure.lambda_bench import lambda_limits
 from tocsin.measure.receiver import ReceiverProcess, allowing
 from tocsin.model import TaskType
 from tocsin.settings import Settings, settings
@@ -75,10 +77,8 @@ class Bench:
 
     def runtime(self, parameters: dict[str, str] | None = None, **options: Any) -> EmbeddedRuntime:
         """A runtime on the bench's tables and limits; no finder ticker unless asked."""
-        options = {"finder_interval_s": None, **options}
-        return EmbeddedRuntime(
-            parameters, tables=self.tables, lambda_limits=self.lambda_limits, **options
-        )
+        defaults = {"finder_interval_s": None, "lambda_limits": self.lambda_limits}
+        return EmbeddedRuntime(parameters, tables=self.tables, **(defaults | options))
 
     def size(self, full: int) -> int:
         return max(5, round(full * self.scale))
@@ -619,6 +619,7 @@ STRETCH = {  # by name only: not in "all"
     "burst-5000": lambda bench: burst(bench, 5000),
     "aws-burst": aws_burst,
     "console": console_load,  # needs Chromium
+    "lambda": lambda_limits,  # in Lambda-sized sandboxes: needs writable cgroups (root)
 }
 
 
@@ -664,6 +665,7 @@ MUST_BE_ZERO = {
     "finder-scale": ("started_not_due", "due_not_started"),
     "throttled": ("not_started", "started_after_wake"),
     "aws-burst": ("not_started",),
+    "lambda": ("early", "duplicates", "lost"),
 }
 
 
@@ -734,6 +736,8 @@ def print_report(results: dict[str, Any], console: Any) -> None:
             console.print(table)
     if "cold_start" in results:
         _print_cold_start(results["cold_start"], console)
+    if "lambda" in results:
+        _print_lambda(results["lambda"], console)
     costs = {name: r["cost"] for name, r in timed.items() if "cost" in r}
     for name, cost in costs.items():
         title = f"cost model ({name}, DynamoDB {cost['billing']})"
@@ -745,6 +749,29 @@ def print_report(results: dict[str, Any], console: Any) -> None:
             "EventBridge Scheduler (60 s precision)", "", f"{cost['scheduler_usd_per_million']:.2f}"
         )
         console.print(table)
+
+
+def _print_lambda(figures: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    title = (
+        f"Lateness by memory size, ms: {figures['per_run']} tasks due in one millisecond, "
+        "executors in Lambda-sized sandboxes"
+    )
+    table = Table("MB", "CPU share", "type", "p50", "p99", "max", "peak RSS MB", title=title)
+    for size, types in figures["by_memory"].items():
+        for task_type, f in types.items():
+            share = f"{int(size) / MB_PER_CORE:.3f}"
+            row = (str(f[k]) for k in ("p50", "p99", "max", "peak_rss_mb"))
+            table.add_row(size, share, task_type, *row)
+    console.print(table)
+    console.print(
+        f"at {figures['memory_mb']} MB: {figures['cpu_share']} of a core given, "
+        f"{figures['calibrated_share']} measured; {figures['tasks']} tasks, "
+        f"{figures['fired']} fired, {figures['early']} early, {figures['duplicates']} "
+        f"duplicated, {figures['lost']} lost; 200 KB bodies: peak RSS "
+        f"{figures['bodies_peak_rss_mb']} MB"
+    )
 
 
 def _print_cold_start(figures: dict[str, Any], console: Any) -> None:

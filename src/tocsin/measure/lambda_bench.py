@@ -1,0 +1,153 @@
+"""`tocsin bench --scenarios lambda`: precision under Lambda's limits.
+
+500 tasks due in one millisecond, for the webhook and the SQS types, fired by executors in
+Lambda-sized sandboxes (`tocsin.local.sandbox`) at the template's executor memory size and
+at larger ones (a larger size buys a larger share of a core); then 500 webhook tasks with
+200 KB bodies at the template's size, whose executor must hold them all. Lateness is
+measured where each task arrives: the receiver's clock for a webhook, the queue's
+SentTimestamp for SQS.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+import boto3
+
+from tocsin import clock
+from tocsin.local.sandbox import MB_PER_CORE
+from tocsin.measure import placed_long_ago
+from tocsin.measure.demo import PlannedTask, lateness_values, percentile, summarize
+from tocsin.measure.receiver import Arrival, ReceiverProcess, allowing
+from tocsin.settings import MAX_PAYLOAD_BYTES, settings
+
+if TYPE_CHECKING:
+    from tocsin.local.runtime import EmbeddedRuntime
+    from tocsin.measure.bench import Bench
+
+SIZES_MB = (256, 512, 1024, MB_PER_CORE)  # the template's first, up to one whole vCPU
+TYPES = ("webhook", "sqs")
+TASKS = 500
+BODY_BYTES = MAX_PAYLOAD_BYTES - 100  # about the most a payload may carry: 200 KB
+AHEAD_MS = 15_000  # due this far from the finder's run: past the wake, the claims and init
+GRACE_S = 60.0
+
+
+def lambda_limits(bench: "Bench") -> dict[str, Any]:
+    """Every size and type, then the large bodies; the figures `--json` reports."""
+    tasks = bench.size(TASKS)
+    by_memory: dict[str, dict[str, Any]] = {}
+    runs, default_lateness, calibration = [], [], {}
+    for memory_mb in SIZES_MB:
+        for task_type in TYPES:
+            figures, lateness, measured = same_millisecond(bench, memory_mb, task_type, tasks)
+            runs.append(figures)
+            by_memory.setdefault(str(memory_mb), {})[task_type] = {
+                **figures["lateness_ms"],
+                "peak_rss_mb": figures["peak_rss_mb"],
+            }
+            if memory_mb == SIZES_MB[0]:
+                default_lateness += lateness
+                calibration = calibration or measured
+    bodies, _, _ = same_millisecond(bench, SIZES_MB[0], "webhook", tasks, BODY_BYTES)
+    runs.append(bodies)
+    return {
+        "memory_mb": SIZES_MB[0],
+        "per_run": tasks,
+        "cpu_share": round(SIZES_MB[0] / MB_PER_CORE, 3),
+        "calibrated_share": calibration.get("measured"),
+        "tasks": sum(f["submitted"] for f in runs),
+        **{k: sum(f[k] for f in runs) for k in ("fired", "early", "duplicates", "lost")},
+        "lateness_ms": {
+            **{f"p{p}": percentile(default_lateness, p) for p in (50, 90, 99)},
+            "max": max(default_lateness, default=0),
+        },
+        "by_memory": by_memory,
+        "bodies_peak_rss_mb": bodies["peak_rss_mb"],
+    }
+
+
+def same_millisecond(
+    bench: "Bench", memory_mb: int, task_type: str, tasks: int, body_bytes: int = 0
+) -> tuple[dict[str, Any], list[int], dict[str, Any]]:
+    """`tasks` of `task_type` due in one millisecond, fired from sandboxes of `memory_mb`:
+    the run's figures, its lateness values and the sandbox's calibration."""
+    label = f"lambda {memory_mb} MB {task_type}" + (" bodies" if body_bytes else "")
+    with ReceiverProcess() as receiver:
+        parameters = {"ExecutorMemorySize": str(memory_mb), **allowing(receiver.url)}
+        with bench.runtime(parameters, lambda_limits=True) as runtime:
+            target = _target(task_type, receiver.url)
+            due_ms = clock.now_ms() + AHEAD_MS
+            planned = [PlannedTask(f"{task_type}-{i:04d}", due_ms) for i in range(tasks)]
+            _store(planned, task_type, target, "x" * body_bytes)
+            runtime.run_finder()
+            bar = bench.progress.add_task(label, total=len(planned))
+            _wait_for_final(runtime, len(planned), due_ms, bench, bar)
+            arrivals = receiver.received() if task_type == "webhook" else _queued(target)
+            peak_rss_mb = runtime.sandboxes.peak_memory_mb()
+            calibration = runtime.calibration[0] if runtime.calibration else {}
+            bench.progress.remove_task(bar)
+    figures = summarize(planned, arrivals) | {"peak_rss_mb": round(peak_rss_mb, 1)}
+    return figures, lateness_values(planned, arrivals), calibration
+
+
+def _target(task_type: str, receiver_url: str) -> dict[str, Any]:
+    if task_type == "webhook":
+        return {"url": f"{receiver_url}/lambda"}
+    queue = boto3.client("sqs").create_queue(QueueName="lambda-bench")["QueueUrl"]
+    return {"queue_url": queue}
+
+
+def _store(planned: list[PlannedTask], task_type: str, target: dict[str, Any], blob: str) -> None:
+    """The tasks' items written for the finder, large bodies in the Bodies table."""
+    from tocsin.measure.bench import _write_items
+    from tocsin.submit import new_item
+
+    config, now = settings(), clock.now_ms()
+
+    def item(task: PlannedTask) -> dict[str, Any]:
+        body = {"id": task.task_id, "due_at": clock.to_iso(task.due_ms), "type": task_type,
+                "target": target, "payload": {"blob": blob}}  # fmt: skip
+        return placed_long_ago(new_item(body, "bench", now, config))
+
+    _write_items(item(task) for task in planned)
+
+
+def _wait_for_final(
+    runtime: "EmbeddedRuntime", count: int, due_ms: int, bench: "Bench", bar: Any
+) -> None:
+    """Until every task has ended (or GRACE_S past the due time)."""
+    import time
+
+    table = boto3.resource("dynamodb").Table(settings().tasks_table)
+    deadline = time.monotonic() + (due_ms - clock.now_ms()) / 1000 + GRACE_S
+    while time.monotonic() < deadline:
+        items = table.scan(ProjectionExpression="#s", ExpressionAttributeNames={"#s": "status"})
+        ended = sum(i.get("status") in ("SUCCEEDED", "FAILED") for i in items["Items"])
+        bench.progress.update(bar, completed=ended)
+        if ended >= count:
+            break
+        time.sleep(1)
+    runtime.wait_for_executions(timeout_s=10)
+
+
+def _queued(target: dict[str, Any]) -> list[Arrival]:
+    """Every message on the queue, as arrivals at its SentTimestamp."""
+    import json
+
+    sqs, arrivals = boto3.client("sqs"), []
+    while True:
+        reply = sqs.receive_message(
+            QueueUrl=target["queue_url"], MaxNumberOfMessages=10, AttributeNames=["SentTimestamp"]
+        )
+        messages = reply.get("Messages", [])
+        if not messages:
+            return arrivals
+        for message in messages:
+            envelope = json.loads(message["Body"])
+            sent_ms = int(message["Attributes"]["SentTimestamp"])
+            key = envelope["idempotency_key"]
+            arrivals.append(Arrival(sent_ms, "", key, envelope["task_id"], b"", {}))
+        sqs.delete_message_batch(
+            QueueUrl=target["queue_url"],
+            Entries=[{"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]}
+                     for n, m in enumerate(messages)],
+        )  # fmt: skip
