@@ -408,6 +408,33 @@ def test_a_cancelled_task_never_fires(runtime, receiver):
     assert wait_for_status("c-1", {"CANCELLED"})
 
 
+def waiting(runtime) -> None:
+    """Until every execution has entered its Wait."""
+    sfn, deadline = boto3.client("stepfunctions"), time.monotonic() + 10
+    for execution in runtime.executions():
+        arn = execution.execution_arn
+        while "WaitStateEntered" not in {
+            event["type"] for event in sfn.get_execution_history(executionArn=arn)["events"]
+        }:
+            assert time.monotonic() < deadline, f"{execution.name} never began its Wait"
+            time.sleep(0.05)
+
+
+def test_a_changed_tasks_own_execution_is_stopped_at_once(runtime, receiver):
+    """Cancelled or rescheduled, a task due soon has its execution (its writer's, of its
+    own) stopped then: it holds no Wait, no Lambda environment, and no transition more."""
+    due = clock.now_ms() + settings().lead_ms + 8000  # started by its writer, before its wake
+    for task_id in ("stop-cancel", "stop-move"):
+        body = webhook_task(receiver.url, due, task_id)
+        assert call_api(runtime, "POST", "/tasks", body)[0] == 201
+    waiting(runtime)  # moto loses a stop that comes before the Wait has begun (AWS does not)
+    assert call_api(runtime, "DELETE", "/tasks/stop-cancel")[0] == 200
+    assert call_api(runtime, "PATCH", "/tasks/stop-move", {"delay": 3600})[0] == 200
+    assert runtime.wait_for_executions(3)  # long before the wake: only a stop ends them
+    statuses = {e.name: e.status for e in runtime.executions()}
+    assert statuses == {"stop-cancel-v1": "ABORTED", "stop-move-v1": "ABORTED"}
+
+
 def test_cancel_or_reschedule_after_the_fire_is_a_conflict(runtime, receiver):
     due = clock.now_ms() + 1000
     call_api(runtime, "POST", "/tasks", webhook_task(receiver.url, due, "f-1"))
