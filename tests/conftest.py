@@ -175,11 +175,14 @@ def store_task(body: dict[str, Any], owner: str = "alice", submitted_ms: int | N
 TEST_ATTEMPT = "attempt-1"  # the invocation a test claims as
 
 
-def claim_as(execution: str, task_id: str) -> Claim:
+ENDED = -1  # a claim's lease that ran out: its invocation ended without letting go
+
+
+def claim_as(execution: str, task_id: str, lease_ms: int = 60_000) -> Claim:
     """`execution` claims the task's first version as its executor would, in an invocation
-    that has a minute left."""
+    that has `lease_ms` left (ENDED: one that is over, killed or timed out)."""
     store = TaskStore(settings().tasks_table)
-    holder = Holder(execution, TEST_ATTEMPT, clock.now_ms() + 60_000)
+    holder = Holder(execution, TEST_ATTEMPT, clock.now_ms() + lease_ms)
     return store.claim(task_id, 1, holder, clock.now_ms())
 
 

@@ -199,10 +199,14 @@ def _settle(
     if execution and run.executions.running(execution):
         _look_again_later(store, item, now_ms, config)
         return Reconciled.STILL_RUNNING
+    if int(item.get("lease_until", 0)) >= now_ms:  # its execution is gone (stopped by an
+        # operator, say), its invocation may still be sending: never requeued under it
+        _look_again_later(store, item, now_ms, config)
+        return Reconciled.STILL_RUNNING
     requeues = int(item.get("requeues", 0))
     if requeues < MAX_REQUEUES:
         look = _once_settled(item, now_ms, config)
-        requeued = store.requeue(task_id, version, requeues, look, clock.to_iso(now_ms))
+        requeued = store.requeue(task_id, version, requeues, look, now_ms)
         if requeued is None:
             return Reconciled.CHANGED
         dispatch_all([due_task(requeued)], config, run.deadline)  # else started at its look
@@ -214,6 +218,7 @@ def _settle(
     failed = store.fail_in_flight(
         task_id,
         version,
+        now_ms,
         {
             "error": json.dumps(error),
             "expires_at": config.expires_at(int(item["due_ms"])),

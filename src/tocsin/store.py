@@ -12,7 +12,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from tocsin import aws
+from tocsin import aws, clock
 from tocsin.batch_read import BATCH_GET_MAX, batch_read
 from tocsin.bodies import CONTENT, BodyStore
 from tocsin.errors import Busy
@@ -35,6 +35,8 @@ SCHEDULE_INDEX_KEY = ("task_id", "schedule_id", "due_ms")
 LAST_FIRED_PAGE = 10
 LAST_FIRED_LOOKS = 25
 BUSY = "DynamoDB is busy: send the same request again"
+# A claim's lease is over (or there is none): no invocation may still be sending the task.
+LEASE_OVER = "(attribute_not_exists(lease_until) OR lease_until < :now_ms)"
 STATUS_AND_VERSION = {"#s": "status", "#v": "version"}
 
 
@@ -408,24 +410,27 @@ class TaskStore:
         )
 
     def requeue(
-        self, task_id: str, version: int, requeues: int, keys: dict[str, Any], now_iso: str
+        self, task_id: str, version: int, requeues: int, keys: dict[str, Any], now_ms: int
     ) -> dict[str, Any] | None:
         """A RUNNING task whose execution ended without settling it, PENDING again at the
         same version (a send recorded in the sent log is not sent again), counted in
         `requeues`, which names its next execution anew, and put at `keys` for a look once
-        that one should have settled it. None if it changed meanwhile."""
+        that one should have settled it. None if it changed meanwhile, or if its claim's
+        lease is still live (its invocation may still be sending)."""
         return self._update(
             task_id,
             "SET #s = :pending, requeues = :next, updated_at = :now, gsi_pk = :pk, "
             "gsi_due_ms = :look REMOVE execution, attempt, lease_until",
-            "#s = :running AND #v = :v AND (attribute_not_exists(requeues) OR requeues = :seen)",
+            "#s = :running AND #v = :v AND (attribute_not_exists(requeues) OR requeues = :seen)"
+            f" AND {LEASE_OVER}",
             {
                 ":pending": TaskStatus.PENDING.value,
                 ":running": TaskStatus.RUNNING.value,
                 ":v": version,
                 ":seen": requeues,
                 ":next": requeues + 1,
-                ":now": now_iso,
+                ":now": clock.to_iso(now_ms),
+                ":now_ms": now_ms,
                 ":pk": keys["gsi_pk"],
                 ":look": keys["gsi_due_ms"],
             },
@@ -451,19 +456,20 @@ class TaskStore:
         return renamed is not None
 
     def fail_in_flight(
-        self, task_id: str, version: int, fields: dict[str, Any]
+        self, task_id: str, version: int, now_ms: int, fields: dict[str, Any]
     ) -> dict[str, Any] | None:
         """FAILED with `fields` (among them the index keys it waits at until its letter is
-        sent), if still RUNNING at `version`; None if it changed."""
+        sent), if still RUNNING at `version` and its claim's lease is over; None if not."""
         names, values, sets = _assignments(fields, "f")
         return self._update(
             task_id,
             f"SET #s = :failed, {sets}",
-            "#s = :running AND #v = :v",
+            f"#s = :running AND #v = :v AND {LEASE_OVER}",
             {
                 ":failed": TaskStatus.FAILED.value,
                 ":running": TaskStatus.RUNNING.value,
                 ":v": version,
+                ":now_ms": now_ms,
                 **values,
             },
             names,

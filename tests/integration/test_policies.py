@@ -21,6 +21,7 @@ from botocore.client import BaseClient
 from botocore.exceptions import ClientError
 
 from tests.conftest import (
+    ENDED,
     TEST_ATTEMPT,
     batch_event,
     call_api,
@@ -268,17 +269,17 @@ def test_the_finder_role_allows_every_call_of_the_finder(runtime, calls, receive
     store_pending(receiver.url, 2, 15_000, "due")  # started, stopped before waking
     # held by an execution gone, up for a look: requeued, and started to wake later
     [stuck] = store_pending(receiver.url, 1, 60_000, "stuck")
-    claim_as(gone(runtime), stuck)
+    claim_as(gone(runtime), stuck, ENDED)
     store.look_again(stuck, 1, check_keys(stuck, 0, config))
     [owing] = store_pending(receiver.url, 1, -60_000, "owing")
-    claim_as(gone(runtime), owing)
+    claim_as(gone(runtime), owing, ENDED)
     error = {"Error": "PermanentTargetError", "Cause": "webhook answered 410"}
     owed = {"error": json.dumps(error), "gsi_pk": "check-0", "gsi_due_ms": 0}
     owing_done = store.finish(owing, 1, TEST_ATTEMPT, TaskStatus.FAILED, owed)
     assert owing_done  # its letter owed, past the grace
     # fired long ago: the reconciler reads its status with the others past their look
     [fired] = store_pending(receiver.url, 1, -LOOK_AFTER_MS - 60_000, "fired")
-    claim_as(gone(runtime), fired)
+    claim_as(gone(runtime), fired, ENDED)
     assert store.finish(fired, 1, TEST_ATTEMPT, TaskStatus.SUCCEEDED, {"attempts": 1})
     schedule = every_minute(receiver.url, clock.now_ms() + config.lookahead_s * 1000 + 2_000)
     schedule["payload"] = LARGE  # the occurrence's body written apart

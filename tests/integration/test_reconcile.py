@@ -12,6 +12,8 @@ import pytest
 from botocore.exceptions import ClientError
 
 from tests.conftest import (
+    ENDED,
+    TEST_ATTEMPT,
     batch_event,
     claim_as,
     dead_letters,
@@ -26,7 +28,7 @@ from tests.conftest import (
 from tocsin import aws, clock
 from tocsin.dispatch import execution_arn
 from tocsin.finder import HORIZON
-from tocsin.index_keys import LETTER_GRACE_MS, LOOK_AFTER_MS
+from tocsin.index_keys import LETTER_GRACE_MS, LOOK_AFTER_MS, check_keys
 from tocsin.reconcile import CHECK_AGAIN_MS, MAX_REQUEUES, reconcile
 from tocsin.settings import settings
 from tocsin.store import TaskStore
@@ -94,7 +96,7 @@ def test_a_task_sent_by_an_execution_that_died_before_its_mark_is_not_sent_again
 def test_a_task_whose_executions_keep_ending_fails_to_the_dead_letter_queue(runtime, receiver):
     [task_id] = store_pending(receiver.url, 1, 60_000, "doomed")
     for requeues in range(MAX_REQUEUES + 1):
-        assert claim_as(f"{GONE}-{requeues}", task_id).before
+        assert claim_as(f"{GONE}-{requeues}", task_id, ENDED).before
         report = reconcile(settings(), past_check_time(task_id))
         [(_, outcome)] = report.tasks
         assert str(outcome) == ("requeued" if requeues < MAX_REQUEUES else "failed_stuck")
@@ -189,6 +191,27 @@ def described(refuse: str | None = None) -> Iterator[list[str]]:
         yield asked
 
 
+def test_a_task_whose_execution_ended_under_a_live_invocation_is_not_requeued(runtime, receiver):
+    """An operator's StopExecution (or a Fire state that timed out) ends the execution while
+    its invocation still runs, maybe sending: while the claim's lease is live the task is
+    neither requeued nor failed, and its look comes again; once it is over, it is requeued.
+    The write itself is conditional on the lease, for a look read before a claim."""
+    [task_id] = store_pending(receiver.url, 1, 60_000, "stopped-under")
+    assert claim_as(GONE, task_id).before  # its invocation has a minute left
+    store = TaskStore(settings().tasks_table)
+    keys = check_keys(task_id, clock.now_ms(), settings())
+    assert store.requeue(task_id, 1, 0, keys, clock.now_ms()) is None
+    assert store.fail_in_flight(task_id, 1, clock.now_ms(), {"error": "{}"}) is None
+    check = past_check_time(task_id)
+    assert [str(o) for _, o in reconcile(settings(), check).tasks] == ["still_running"]
+    item = stored(task_id)
+    assert item["status"] == "RUNNING" and item["attempt"] == TEST_ATTEMPT
+    store.let_go(task_id, 1, TEST_ATTEMPT)  # the invocation ended
+    later = clock.now_ms() + CHECK_AGAIN_MS + 1
+    assert [str(o) for _, o in reconcile(settings(), later).tasks] == ["requeued"]
+    stop_executions()  # the requeue's, waiting for its due time
+
+
 def test_a_dead_batch_is_described_once_and_a_refused_look_leaves_only_its_tasks(runtime, receiver):
     """Five tasks of one dead execution and two of another, whose DescribeExecution is
     throttled: one look per execution (the refusal is not asked again for the second
@@ -198,7 +221,7 @@ def test_a_dead_batch_is_described_once_and_a_refused_look_leaves_only_its_tasks
     throttled = f"{GONE}-throttled"
     for task_id in ids:
         execution = throttled if task_id in ids[-2:] else GONE
-        assert claim_as(execution, task_id).before
+        assert claim_as(execution, task_id, ENDED).before
     with described(refuse=arn_of(throttled)) as asked:
         report = reconcile(settings(), past_check_time(ids[-1]))
     assert sorted(asked) == [arn_of(GONE), arn_of(throttled)]
@@ -219,7 +242,7 @@ def test_a_reconciler_out_of_time_or_refused_its_reads_leaves_the_run_to_dispatc
     the reconciler stops at its deadline (the rest waits for the next run), and a finder
     run whose reconciler cannot read still starts what is due."""
     [stuck] = store_pending(receiver.url, 1, 60_000, "stuck")
-    assert claim_as(GONE, stuck).before
+    assert claim_as(GONE, stuck, ENDED).before
     report = reconcile(settings(), clock.now_ms(), deadline=0.0)
     assert (report.tasks, report.as_dict()["reconcile_cut_short"]) == ([], 1)
     assert stored(stuck)["status"] == "RUNNING"
@@ -246,7 +269,7 @@ def test_tasks_failed_as_stuck_during_an_sqs_outage_try_one_letter_and_owe_the_r
     ids = store_pending(receiver.url, 2, 60_000, "stuck-unlettered")
     for requeues in range(MAX_REQUEUES + 1):
         for task_id in ids:
-            assert claim_as(f"{GONE}-{requeues}", task_id).before
+            assert claim_as(f"{GONE}-{requeues}", task_id, ENDED).before
         if requeues < MAX_REQUEUES:
             reconcile(settings(), past_check_time(ids[-1]))
     with sqs_outage() as refused:
