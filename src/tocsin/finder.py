@@ -40,6 +40,8 @@ def find_due(settings: Settings, after_ms: int, until_ms: int) -> list[DueTask]:
 # Of a run's budget, the most the reconciler may take: dispatch, which is what keeps tasks
 # on time, gets the rest whatever a flood of stuck tasks asks.
 RECONCILE_SHARE = 0.25
+# Of a run's budget, the most the schedules' occurrences may take, for the same reason.
+SCHEDULES_SHARE = 0.25
 
 
 def settle_stuck(settings: Settings, budget_s: float) -> ReconcileReport:
@@ -60,7 +62,9 @@ def run_finder(settings: Settings, budget_s: float) -> dict[str, int]:
     reconciled = settle_stuck(settings, budget_s)
     store = TaskStore(settings.tasks_table)
     now = clock.now_ms()
-    made_ids, scheduled = materialize_due(settings, now)
+    made_ids, scheduled = materialize_due(
+        settings, now, time.monotonic() + budget_s * SCHEDULES_SHARE
+    )
     made = made_tasks(made_ids, settings)
     until = now + settings.lookahead_s * 1000
     horizon = store.horizon(HORIZON)

@@ -9,6 +9,9 @@ at once. After an edit, a pause or a delete, the unclaimed tasks an older revisi
 are cancelled; the occurrences the new revision shares with them are rewritten in place.
 """
 
+import math
+import random
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -26,6 +29,15 @@ from tocsin.submit import task_item
 MISSED_AFTER_MS = 1000  # an occurrence this far in the past when reached was missed
 MAX_MISSED_COUNTED = 100_000  # occurrences counted in one catch-up (a day of rate(1 second))
 MAX_STEPS = 10_000  # occurrences and rereads in one schedule's turn: a bound, never met
+# A schedule whose writes are refused this many times in a row (a transaction cancelled
+# for throttling or a conflict, again and again) waits for the next run, after pauses of
+# REREAD_PAUSE_S doubling, with jitter: once another finder has moved it, a reread goes on.
+REFUSED_IN_A_ROW = 3
+REREAD_PAUSE_S = 0.05
+
+
+class ScheduleRefused(Exception):
+    """The schedule's writes were refused REFUSED_IN_A_ROW times: the next run tries again."""
 
 
 def occurrence_id(schedule_id: str, due_ms: int) -> str:
@@ -63,11 +75,16 @@ def materialize(
     config: Settings,
     now_ms: int,
     until_ms: int,
+    deadline: float = math.inf,
 ) -> list[str]:
-    """Turn the schedule's occurrences due by `until_ms` into tasks; the ids written."""
+    """Turn the schedule's occurrences due by `until_ms` into tasks, until `deadline` (a
+    time.monotonic() value; the next run goes on from where it stopped); the ids written."""
     written: list[str] = []
+    refused = 0
     for _ in range(MAX_STEPS):
         if schedule is None or schedule["state"] != ScheduleState.ENABLED:
+            break
+        if time.monotonic() > deadline:
             break
         due = int(schedule["next_ms"])
         if due > until_ms:
@@ -80,8 +97,13 @@ def materialize(
             next_ms = occurrences.first_from(due + 1)
             turned, task_id = store.turn_into_task(schedule, task, next_ms, 0), task["task_id"]
         if turned is Turned.CHANGED:
+            refused += 1
+            if refused >= REFUSED_IN_A_ROW:
+                raise ScheduleRefused(f"{refused} writes in a row refused")
+            time.sleep(random.uniform(0, REREAD_PAUSE_S * 2**refused))
             schedule = store.get(schedule["schedule_id"])
             continue
+        refused = 0
         if turned is Turned.TASK:
             written.append(task_id)
         schedule = _advanced(schedule, next_ms)
@@ -180,21 +202,23 @@ def made_tasks(task_ids: list[str], config: Settings) -> list[DueTask]:
     ]
 
 
-def materialize_due(config: Settings, now_ms: int) -> tuple[list[str], dict[str, int]]:
+def materialize_due(
+    config: Settings, now_ms: int, deadline: float = math.inf
+) -> tuple[list[str], dict[str, int]]:
     """The finder's step: every ENABLED schedule with an occurrence within the look-ahead
-    turns it into tasks (each schedule on its own thread); the tasks' ids, and what was
-    done.
+    turns it into tasks (each schedule on its own thread), until `deadline`; the tasks'
+    ids, and what was done.
 
-    A schedule that fails (its writes refused after botocore's retries) is logged and
-    counted, and taken up again by the next run: it holds back neither the other
-    schedules nor the finder's tasks."""
+    A schedule that fails (its writes refused after botocore's retries, or refused again
+    and again) is logged and counted, and taken up again by the next run, as is what the
+    deadline leaves: it holds back neither the other schedules nor the finder's tasks."""
     store = ScheduleStore(config.schedules_table, config.tasks_table)
     until = now_ms + config.lookahead_s * 1000
     ids = [sid for shard in range(config.shards) for sid in store.due(str(shard), until)]
 
     def one(schedule_id: str) -> list[str] | None:
         try:
-            return materialize(store, store.get(schedule_id), config, now_ms, until)
+            return materialize(store, store.get(schedule_id), config, now_ms, until, deadline)
         except Exception:
             logger.exception("schedule not turned", schedule_id=schedule_id)
             return None

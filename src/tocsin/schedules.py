@@ -27,7 +27,14 @@ from tocsin.model import (
     SCHEDULE_ID_PATTERN,
     TaskType,
 )
-from tocsin.occurrences import cancel_leftovers, made_tasks, materialize, occurrences_of
+from tocsin.observability import logger
+from tocsin.occurrences import (
+    ScheduleRefused,
+    cancel_leftovers,
+    made_tasks,
+    materialize,
+    occurrences_of,
+)
 from tocsin.recurrence import MAX_UPCOMING, Occurrences, parse
 from tocsin.schedule_store import SCHEDULE_PAGE_KEY, ScheduleState, ScheduleStore
 from tocsin.settings import Settings
@@ -215,9 +222,15 @@ def _start_due_soon(task_ids: list[str], config: Settings) -> None:
 
 def _turn_near_occurrences(item: dict[str, Any], config: Settings) -> None:
     """What the finder would do for this schedule, now: its occurrences due within the
-    look-ahead made tasks, and those started."""
+    look-ahead made tasks, and those started, within the request's budget (the finder's
+    next run makes the rest, and makes them all if the writes keep being refused)."""
     now = clock.now_ms()
-    written = materialize(_store(config), item, config, now, now + config.lookahead_s * 1000)
+    until, deadline = now + config.lookahead_s * 1000, time.monotonic() + DISPATCH_BUDGET_S
+    try:
+        written = materialize(_store(config), item, config, now, until, deadline)
+    except ScheduleRefused:
+        logger.warning("occurrences left to the finder", schedule_id=item["schedule_id"])
+        return
     _start_due_soon(written, config)
 
 

@@ -14,6 +14,8 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
+from botocore.awsrequest import AWSPreparedRequest, AWSResponse
+from moto.core.botocore_stubber import MockRawResponse
 
 from tests.conftest import (
     all_schedules,
@@ -23,12 +25,14 @@ from tests.conftest import (
     hooked,
     serve,
     stop,
+    store_task,
     stored,
     wait_for_status,
+    webhook_task,
 )
 from tocsin import Client, aws, clock
 from tocsin.local.dynamodb_process import Fault
-from tocsin.occurrences import materialize_due
+from tocsin.occurrences import REFUSED_IN_A_ROW, materialize_due
 from tocsin.schedule_store import SCHEDULE_DUE_INDEX
 from tocsin.settings import settings
 
@@ -212,6 +216,40 @@ def test_a_failed_or_ambiguous_write_makes_no_task_twice_and_skips_none(
     dues = sorted(int(t["due_ms"]) for t in all_tasks())
     assert dues == list(range(start, dues[-1] + 1, RATE_MS))  # each occurrence, once
     assert int(all_schedules()[0]["occurrences"]) == len(dues)
+
+
+def test_a_schedule_whose_transactions_keep_being_cancelled_holds_back_no_dispatch(
+    runtime, receiver
+):
+    """Every transaction of the schedule cancelled for a conflict (as under throttling): it
+    is tried REFUSED_IN_A_ROW times with pauses, not again and again; counted and left for
+    the next run; and the finder still starts the task that is due. Then it goes on."""
+    lookahead_ms = settings().lookahead_s * 1000
+    call_api(
+        runtime,
+        "POST",
+        "/schedules",
+        every_two_seconds(receiver.url, clock.now_ms() + lookahead_ms + 2000),
+    )
+    store_task(webhook_task(receiver.url, clock.now_ms() + 15_000, "plain"))
+    cancelled: list[int] = []
+
+    def cancel(request: AWSPreparedRequest, **_: object) -> AWSResponse:
+        cancelled.append(1)
+        body = {
+            "__type": "com.amazonaws.dynamodb.v20120810#TransactionCanceledException",
+            "message": "Transaction cancelled",
+            "CancellationReasons": [{"Code": "None"}, {"Code": "TransactionConflict"}],
+        }
+        return AWSResponse(request.url, 400, {}, MockRawResponse(json.dumps(body).encode()))
+
+    time.sleep(2.5)  # its first occurrence now within the look-ahead
+    with hooked(aws.client("dynamodb"), ("before-send.dynamodb.TransactWriteItems", cancel)):
+        report = runtime.run_finder()
+    assert report["schedule_errors"] == 1 and report["occurrences_made"] == 0
+    assert len(cancelled) == REFUSED_IN_A_ROW
+    assert report["started"] == 1 and stored("plain")["status"] == "PENDING"
+    assert runtime.run_finder()["occurrences_made"] >= 1  # the next run, writes accepted
 
 
 def test_each_owner_sees_only_their_schedules_and_occurrences(runtime, receiver):
