@@ -153,3 +153,15 @@ def test_one_executor_wakes_no_more_environments_in_10_s_than_lambda_adds():
     queue = Batch((DueTask(due + 30_000, "queue", 1, TaskType.SQS),))
     assert not plan.fits(second + 9, webhook) and plan.fits(second + 10, webhook)
     assert plan.fits(second + 9, queue)
+
+
+def test_each_task_beyond_the_first_wakes_its_batch_its_preparation_earlier():
+    """Three tasks at 10 ms of preparation each beyond the first: the wake is the lead and
+    20 ms before the first task, floored to its second. Due 15 ms past a boundary, the
+    20 ms move the wake into the second before; 10 ms would not."""
+    config = Settings(LEAD_MS=2000, PREPARE_MS_PER_TASK=10)
+    due = 1_800_000_012_015
+    batch = Batch(tuple(DueTask(due + i, f"t{i}", 1, TaskType.WEBHOOK) for i in range(3)))
+    assert wake_ms(batch, config) == 1_800_000_009_000
+    lone = Batch(batch.tasks[:1])
+    assert wake_ms(lone, config) == 1_800_000_010_000
