@@ -3,11 +3,13 @@
 The state machine invokes the type's executor once per batch, with ids, versions and due
 milliseconds only. The executor claims each task (the exactly-once lock, held by this
 invocation until its end: `TaskStore.claim`), reads the task from the claim's reply, and
-gives each task a thread of its own: prepare the target, sleep to the due millisecond,
-send, retry transient failures with backoff in the time the invocation has left, then
-mark the task SUCCEEDED (the sent marker, conditional on this invocation), or FAILED with
-a dead-letter message of its own. A slow target holds up only its own task, and a
-target's unforeseen error (neither transient nor permanent) fails only its own task.
+gives each call a thread of its own: a task alone, or the SQS, SNS and EventBridge tasks
+due in one millisecond at one queue, topic or bus, ten to a call (`sends`). The thread
+prepares the call, sleeps to the due millisecond, sends, retries transient failures
+(a call's, or its entries') with backoff in the time the invocation has left, then marks
+each task SUCCEEDED (the sent marker, conditional on this invocation), or FAILED with a
+dead-letter message of its own. A slow target holds up only its own call, and a target's
+unforeseen error (neither transient nor permanent) fails only its own call's tasks.
 
 Only what concerns the whole batch fails the invocation, for the state machine to retry:
 a claim or mark that could not be written in the time the invocation has
@@ -51,6 +53,7 @@ from tocsin.sent import Fired, SentLog, Try
 from tocsin.settings import settings
 from tocsin.store import Claim, Holder, TaskStore
 from tocsin.targets import TARGETS, Delivery, Target, parse_target
+from tocsin.targets.base import BATCH_BYTES, BATCH_ENTRIES, Answer, BatchedTarget, entry_bytes
 
 CLAIM_WORKERS = 32
 FINISH_MARGIN_MS = 3000  # kept back from retries for the final marks and dead letters
@@ -115,18 +118,36 @@ class Failed:
     tries: tuple[Try, ...] = ()  # the attempts that failed, the last one among them
 
 
-def _deliver(task: ClaimedTask) -> tuple[int, dict[str, Any]]:
-    """Sleep to the due millisecond, then send: the time the gate let go, and the answer."""
-    fired_ms = gate.wait_until(task.due_ms)
-    return fired_ms, _targets_own(task.target.send, task.delivery())
+Recorded = tuple[Fired | Failed, bool]  # a task's outcome, and whether its mark was written
 
 
-Answer = TypeVar("Answer")
+def _deliver(tasks: list[ClaimedTask]) -> tuple[int, list[Answer]]:
+    """Build the call, sleep to the due millisecond, then send: the time the gate let go,
+    and each task's answer."""
+    try:
+        call = _targets_own(_call, tasks)  # before the gate: after it only the request is left
+        fired_ms = gate.wait_until(tasks[0].due_ms)
+        return fired_ms, _targets_own(call)
+    except (PermanentTargetError, TransientTargetError) as error:  # for the whole call
+        return clock.now_ms(), [error] * len(tasks)
 
 
-def _targets_own(call: Callable[..., Answer], *args: Any) -> Answer:
+def _call(tasks: list[ClaimedTask]) -> Callable[[], list[Answer]]:
+    """The call that sends `tasks`: a batched target's tasks in one, any other's alone."""
+    target = tasks[0].target
+    if not isinstance(target, BatchedTarget):
+        [delivery] = [task.delivery() for task in tasks]
+        return lambda: [target.send(delivery)]
+    entries = [task.target.entry(task.delivery()) for task in tasks]  # type: ignore[attr-defined]
+    return lambda: type(target).send_entries(target.batch_key(), entries)
+
+
+Returned = TypeVar("Returned")
+
+
+def _targets_own(call: Callable[..., Returned], *args: Any) -> Returned:
     """A target's call, whose unforeseen error (a host the resolver cannot encode, a bug)
-    fails its task alone, for good: raised, it would fail the whole batch's invocation,
+    fails its tasks alone, for good: raised, it would fail the whole batch's invocation,
     and each retry would meet it again."""
     try:
         return call(*args)
@@ -139,44 +160,64 @@ def _targets_own(call: Callable[..., Answer], *args: Any) -> Answer:
         raise PermanentTargetError(f"unforeseen {type(error).__name__} in the target") from error
 
 
-def fire(task: ClaimedTask, deadline_ms: int) -> Fired | Failed:
-    """Prepare, gate and send; transient failures again after a backoff, while attempts
-    allow another and it can end before `deadline_ms` (one attempt may take the target's
+def fire(tasks: list[ClaimedTask], deadline_ms: int) -> list[Fired | Failed]:
+    """Prepare, gate and send tasks due in one millisecond that share a call (`sends`), or
+    one task alone; transient failures again after a backoff, while attempts allow another
+    and it can end before `deadline_ms` (one attempt may take the target's
     `attempt_limit_s`: an invocation killed mid-attempt may have acted unrecorded, and
-    its retry would act again)."""
-    limit_ms = task.target.attempt_limit_s * 1000
-    attempts, prepared = 0, False
-    tries: list[Try] = []  # each failed attempt, when it began and why: the task's history
-    while True:
-        if max(clock.now_ms(), task.due_ms) + limit_ms > deadline_ms:  # it begins at the gate
+    its retry would act again). Each task's outcome, in order."""
+    due_ms, limit_ms = tasks[0].due_ms, tasks[0].target.attempt_limit_s * 1000
+    outcomes: dict[int, Fired | Failed] = {}
+    tries: list[list[Try]] = [[] for _ in tasks]  # each failed attempt, when and why
+    pending, prepared, attempts, fired_ms = list(range(len(tasks))), set(), 0, due_ms
+
+    def failed(i: int, cause: str) -> None:
+        outcomes[i] = Failed("PermanentTargetError", cause, attempts, tuple(tries[i]))
+
+    while pending:
+        if max(clock.now_ms(), due_ms) + limit_ms > deadline_ms:  # it begins at the gate
             if not attempts:  # never tried: a fresh invocation will have the time
-                raise NoTimeToSend(task.task_id)
-            cause = f"out of time after {attempts} attempts"
-            return Failed("PermanentTargetError", cause, attempts, tuple(tries))
+                raise NoTimeToSend(", ".join(task.task_id for task in tasks))
+            for i in pending:
+                failed(i, f"out of time after {attempts} attempts")
+            break
         attempts += 1
-        began_ms = max(clock.now_ms(), task.due_ms)
-        try:
-            if not prepared:
-                _targets_own(task.target.prepare)
-                prepared = True
-                if max(clock.now_ms(), task.due_ms) + limit_ms > deadline_ms:
-                    attempts -= 1  # preparing took the time an attempt needed
-                    continue
-            fired_ms, result = _deliver(task)
-            return Fired(fired_ms, result, attempts, tuple(tries))
-        except PermanentTargetError as error:
-            tries.append(_failed_try(began_ms, error))
-            return Failed("PermanentTargetError", str(error), attempts, tuple(tries))
-        except TransientTargetError as error:
-            tries.append(_failed_try(began_ms, error))
-            if attempts >= task.max_attempts:
-                cause = f"gave up after {attempts} attempts: {error}"
-                return Failed("PermanentTargetError", cause, attempts, tuple(tries))
+        began_ms = max(clock.now_ms(), due_ms)
+        answers: dict[int, Answer] = {}
+        for i in pending:
+            if i not in prepared:
+                try:
+                    _targets_own(tasks[i].target.prepare)
+                    prepared.add(i)
+                except (PermanentTargetError, TransientTargetError) as error:
+                    answers[i] = error
+        ready = [i for i in pending if i not in answers]
+        if ready and max(clock.now_ms(), due_ms) + limit_ms > deadline_ms:
+            attempts -= 1  # preparing took the time an attempt needed
+            continue
+        if ready:
+            fired_ms, sent = _deliver([tasks[i] for i in ready])
+            answers.update(zip(ready, sent, strict=True))
+        pending = []
+        for i, answer in sorted(answers.items()):
+            if isinstance(answer, dict):
+                outcomes[i] = Fired(fired_ms, answer, attempts, tuple(tries[i]))
+                continue
+            tries[i].append(_failed_try(began_ms, answer))
+            if isinstance(answer, PermanentTargetError):
+                failed(i, str(answer))
+            elif attempts >= tasks[i].max_attempts:
+                failed(i, f"gave up after {attempts} attempts: {answer}")
+            else:
+                pending.append(i)
+        if pending:
             pause_s = BACKOFF_S[min(attempts, len(BACKOFF_S)) - 1]
             if clock.now_ms() + pause_s * 1000 + limit_ms > deadline_ms:
-                cause = f"out of time after {attempts} attempts: {error}"
-                return Failed("PermanentTargetError", cause, attempts, tuple(tries))
+                for i in pending:
+                    failed(i, f"out of time after {attempts} attempts: {answers[i]}")
+                break
             time.sleep(pause_s)
+    return [outcomes[i] for i in range(len(tasks))]
 
 
 # A failed attempt's error as its history keeps it: enough to tell why, and a task's item
@@ -252,6 +293,28 @@ class Held:
     asked: BatchTask
     task: ClaimedTask | Failed
     held_before: bool
+
+
+def sends(held: list[Held]) -> list[list[Held]]:
+    """The calls a batch's tasks go out in: those of a batched target due in one
+    millisecond at one queue, topic or bus, ten to a call and 256 KiB at most (an entry
+    larger than that alone); any other task alone. In the batch's order."""
+    calls: list[list[Held]] = []
+    open_calls: dict[tuple[int, type, str], tuple[list[Held], int]] = {}
+    for each in held:
+        task = each.task
+        if isinstance(task, Failed) or not isinstance(task.target, BatchedTarget):
+            calls.append([each])
+            continue
+        key = (task.due_ms, type(task.target), task.target.batch_key())
+        size = entry_bytes(task.target.entry(task.delivery()))
+        call, used = open_calls.get(key, ([], 0))
+        if not call or len(call) == BATCH_ENTRIES or used + size > BATCH_BYTES:
+            call, used = [], 0
+            calls.append(call)
+        call.append(each)
+        open_calls[key] = (call, used + size)
+    return calls
 
 
 def claim_batch(
@@ -365,40 +428,54 @@ def execute(
         store, batch, holder, began_ms + (deadline_ms - began_ms) // CLAIMS_SHARE
     )
 
-    def run(task: Held) -> tuple[Fired | Failed, bool]:
-        outcome = task.task
-        if not isinstance(outcome, Failed):
-            sent = (
-                sent_log.find(task.asked.task_id, task.asked.version) if task.held_before else None
-            )
-            outcome = sent or fire(outcome, deadline_ms)
+    def run(call: list[Held]) -> list[Recorded | Exception]:
+        """Fire a call's tasks (but one that failed already, or that the sent log shows an
+        earlier invocation sent) and record each task's outcome."""
+        outcomes: dict[int, Fired | Failed] = {}
+        for i, each in enumerate(call):
+            if isinstance(each.task, Failed):
+                outcomes[i] = each.task
+            elif each.held_before and (
+                sent := sent_log.find(each.asked.task_id, each.asked.version)
+            ):
+                outcomes[i] = sent
+        to_fire = [i for i in range(len(call)) if i not in outcomes]
+        if to_fire:
+            fired = fire([call[i].task for i in to_fire], deadline_ms)  # type: ignore[misc]
+            outcomes.update(zip(to_fire, fired, strict=True))
+        return [record(each.asked, outcomes[i]) for i, each in enumerate(call)]
+
+    def record(asked: BatchTask, outcome: Fired | Failed) -> Recorded | Exception:
         try:
-            return outcome, _finish(
-                store, batch, holder, task.asked, outcome, ends_ms - MARK_MARGIN_MS
-            )
-        except Exception:
+            return outcome, _finish(store, batch, holder, asked, outcome, ends_ms - MARK_MARGIN_MS)
+        except Exception as error:
             if isinstance(outcome, Fired):  # sent, and the table will not say so
-                expires_at = config.expires_at(task.asked.due_ms)
-                sent_log.record(task.asked.task_id, task.asked.version, outcome, expires_at)
-            raise
+                expires_at = config.expires_at(asked.due_ms)
+                try:
+                    sent_log.record(asked.task_id, asked.version, outcome, expires_at)
+                except Exception as unlogged:
+                    return unlogged
+            return error
 
     counts = Counter(tasks=len(batch.tasks), claimed=len(held))
     if held:
-        with ThreadPoolExecutor(max_workers=len(held)) as pool:
-            futures = [pool.submit(run, task) for task in held]
-        failed = [
-            (task, f.exception()) for task, f in zip(held, futures, strict=True) if f.exception()
-        ]
+        calls = sends(held)
+        with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+            futures = [pool.submit(run, call) for call in calls]
+        done: list[tuple[Held, Recorded | BaseException]] = []
+        for call, future in zip(calls, futures, strict=True):
+            error = future.exception()  # before any send: the whole call failed
+            done += zip(call, [error] * len(call) if error else future.result(), strict=True)
+        failed = [(each, result) for each, result in done if isinstance(result, BaseException)]
         if failed:  # the others are done; the retry takes these over at once
-            _let_go(store, holder, [task.asked for task, _ in failed])
-            raise failed[0][1]  # type: ignore[misc]
-        for task, future in zip(held, futures, strict=True):
-            outcome, recorded = future.result()
-            _report(task.asked, outcome, counts)
+            _let_go(store, holder, [each.asked for each, _ in failed])
+            raise failed[0][1]
+        for each, (outcome, recorded) in done:  # type: ignore[misc]
+            _report(each.asked, outcome, counts)
             if not recorded:  # the task changed under the claim, or a later attempt took it
                 counts["unrecorded"] += 1
                 metrics.add_metric(name="OutcomeUnrecorded", unit=MetricUnit.Count, value=1)
-                logger.warning("outcome not recorded", task_id=task.asked.task_id)
+                logger.warning("outcome not recorded", task_id=each.asked.task_id)
     if in_progress:  # the rest is done; the retry takes these over once that attempt ended
         raise DeliveryInProgress(", ".join(in_progress))
     return dict(counts)

@@ -48,8 +48,13 @@ from tocsin.model import TaskStatus
 from tocsin.settings import settings
 from tocsin.store import TaskStore
 
-# IAM actions whose names are not the operation's
-ACTIONS = {("lambda", "Invoke"): "lambda:InvokeFunction"}
+# IAM actions whose names are not the operation's (the SQS and SNS batch operations are
+# allowed by their single operation's action: AWS's API permissions references)
+ACTIONS = {
+    ("lambda", "Invoke"): "lambda:InvokeFunction",
+    ("sqs", "SendMessageBatch"): "sqs:SendMessage",
+    ("sns", "PublishBatch"): "sns:Publish",
+}
 TRANSACTION_ACTIONS = {
     "Put": "PutItem",
     "Update": "UpdateItem",

@@ -45,7 +45,7 @@ def test_no_attempt_starts_that_could_end_after_the_deadline():
     not failed for good untried."""
     now = clock.now_ms()
     with pytest.raises(NoTimeToSend):
-        fire(task("late-gate", now), deadline_ms=now + int(LIMIT_S * 1000) - 300)
+        fire([task("late-gate", now)], deadline_ms=now + int(LIMIT_S * 1000) - 300)
     assert SlowTarget.sends == []
 
 
@@ -53,7 +53,7 @@ def test_retries_stop_when_the_next_attempt_could_not_end_in_time():
     """Backoffs of 0.5, 1 and 2 s with 1 s attempts: a third attempt starts at about 1.5 s
     and could end by 2.5 s; a fourth could not end before 4.5 s, past the 4 s deadline."""
     now = clock.now_ms()
-    outcome = fire(task("flaky", now), deadline_ms=now + 4000)
+    [outcome] = fire([task("flaky", now)], deadline_ms=now + 4000)
     assert isinstance(outcome, Failed) and outcome.attempts == 3
     assert outcome.cause.startswith("out of time after 3 attempts")
     assert len(SlowTarget.sends) == 3

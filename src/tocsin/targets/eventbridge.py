@@ -1,4 +1,4 @@
-"""EventBridge target: put one event whose detail is the task envelope."""
+"""EventBridge target: put events whose detail is the task envelope, ten to a call."""
 
 from typing import Any
 
@@ -6,12 +6,19 @@ from pydantic import Field, field_validator
 
 from tocsin import aws
 from tocsin.errors import PermanentTargetError, TransientTargetError
-from tocsin.targets.base import ACCOUNT_REGION, PARTITION, Delivery, Target, aws_target_errors
+from tocsin.targets.base import (
+    ACCOUNT_REGION,
+    PARTITION,
+    Answer,
+    BatchedTarget,
+    Delivery,
+    aws_target_errors,
+)
 
 _TRANSIENT_ENTRY_ERRORS = {"ThrottlingException", "InternalFailure", "InternalException"}
 
 
-class EventBridgeTarget(Target):
+class EventBridgeTarget(BatchedTarget):
     aws_services = ("events",)
     event_bus: str = Field(
         default="default",
@@ -27,19 +34,28 @@ class EventBridgeTarget(Target):
             raise ValueError("sources starting with 'aws.' are reserved for AWS")
         return source
 
-    def send(self, delivery: Delivery) -> dict[str, Any]:
-        entry = {
+    def batch_key(self) -> str:
+        return self.event_bus
+
+    def entry(self, delivery: Delivery) -> dict[str, Any]:
+        return {
             "EventBusName": self.event_bus,
             "Source": self.source,
             "DetailType": self.detail_type,
             "Detail": delivery.envelope(),
         }
+
+    @classmethod
+    def send_entries(cls, key: str, entries: list[dict[str, Any]]) -> list[Answer]:
         with aws_target_errors():
-            reply = aws.target_client("events").put_events(Entries=[entry])
-        result = reply["Entries"][0]
-        code = result.get("ErrorCode")
-        if code in _TRANSIENT_ENTRY_ERRORS:
-            raise TransientTargetError(f"{code}: {result.get('ErrorMessage')}")
-        if code:
-            raise PermanentTargetError(f"{code}: {result.get('ErrorMessage')}")
+            reply = aws.target_client("events").put_events(Entries=entries)
+        return [_answer(result) for result in reply["Entries"]]
+
+
+def _answer(result: dict[str, Any]) -> Answer:
+    """One entry of PutEvents' reply (in the order of the entries): its event or its error."""
+    code = result.get("ErrorCode")
+    if not code:
         return {"event_id": result["EventId"]}
+    kind = TransientTargetError if code in _TRANSIENT_ENTRY_ERRORS else PermanentTargetError
+    return kind(f"{code}: {result.get('ErrorMessage')}")

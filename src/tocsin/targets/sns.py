@@ -1,21 +1,22 @@
-"""SNS target: publish the task envelope; FIFO topics de-duplicate on the idempotency key."""
+"""SNS target: publish the task envelope, ten to a call (PublishBatch); FIFO topics
+de-duplicate on the idempotency key."""
 
 from typing import Any
 
 from pydantic import Field
 
-from tocsin import aws
 from tocsin.targets.base import (
     ACCOUNT_REGION,
     PARTITION,
     Delivery,
-    Target,
-    aws_target_errors,
+    MessagesTarget,
     fifo_parameters,
 )
 
 
-class SnsTarget(Target):
+class SnsTarget(MessagesTarget):
+    service, operation = "sns", "publish_batch"
+    key_parameter, entries_parameter = "TopicArn", "PublishBatchRequestEntries"
     aws_services = ("sns",)
     topic_arn: str = Field(
         pattern=rf"^{PARTITION}:sns:{ACCOUNT_REGION}:[A-Za-z0-9_-]{{1,256}}(\.fifo)?$"
@@ -27,12 +28,13 @@ class SnsTarget(Target):
     )
     message_group_id: str | None = Field(default=None, min_length=1, max_length=128)
 
-    def send(self, delivery: Delivery) -> dict[str, Any]:
-        message: dict[str, Any] = {"TopicArn": self.topic_arn, "Message": delivery.envelope()}
+    def batch_key(self) -> str:
+        return self.topic_arn
+
+    def entry(self, delivery: Delivery) -> dict[str, Any]:
+        entry: dict[str, Any] = {"Message": delivery.envelope()}
         if self.subject:
-            message["Subject"] = self.subject
+            entry["Subject"] = self.subject
         if self.topic_arn.endswith(".fifo"):
-            message.update(fifo_parameters(self.message_group_id, delivery))
-        with aws_target_errors():
-            reply = aws.target_client("sns").publish(**message)
-        return {"message_id": reply["MessageId"]}
+            entry.update(fifo_parameters(self.message_group_id, delivery))
+        return entry
