@@ -35,9 +35,10 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+from tocsin.local.http_thread import LocalServer
 from tocsin.local.moto_patches import dynamodb_patches
 from tocsin.local.stack import ACCOUNT_ID, REGION
 from tocsin.local.write_units import WRITES, Metering
@@ -299,13 +300,6 @@ def _moto_request(path: str, headers: dict[str, str], body: bytes) -> Any:
     return Request(environ)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    # A batch's executor claims and records with up to 64 connections per client at once;
-    # socketserver's listen backlog of 5 reset the rest (ConnectionClosedError).
-    request_queue_size = 512
-
-
 def serve() -> None:
     """The child's life: moto's DynamoDB on a free local port (printed), until stdin closes
     (the parent closes it at its stop, or by exiting); the process then ends with its
@@ -313,7 +307,7 @@ def serve() -> None:
     from moto import mock_aws
 
     with mock_aws(), dynamodb_patches():
-        server = _Server(("127.0.0.1", 0), _Handler)
+        server = LocalServer(("127.0.0.1", 0), _Handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         gc.freeze()  # moto's modules and models: out of every collection from now on
         gc.set_threshold(*GC_THRESHOLDS)

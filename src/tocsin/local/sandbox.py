@@ -395,13 +395,13 @@ def serving_moto() -> Iterator[str]:
     """This process's moto (its in-process backends, under mock_aws) on a local port, for the
     children; yields the endpoint URL for AWS_ENDPOINT_URL. Requests are SigV4-signed by
     the children; the credential scope names the service and region."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
 
     from botocore.awsrequest import AWSPreparedRequest
     from botocore.compat import HTTPHeaders
     from moto.core.models import botocore_stubber
 
-    from tocsin.local.http_thread import serving_in_thread
+    from tocsin.local.http_thread import LocalServer, serving_in_thread
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -456,9 +456,7 @@ def serving_moto() -> Iterator[str]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    with serving_in_thread(server, "moto-for-sandboxes"):
+    with serving_in_thread(LocalServer(("127.0.0.1", 0), Handler), "moto-for-sandboxes") as server:
         yield f"http://127.0.0.1:{server.server_address[1]}"
 
 

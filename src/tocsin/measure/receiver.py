@@ -7,12 +7,12 @@ import threading
 import time
 import urllib.request
 from dataclasses import asdict, dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from tocsin import clock
-from tocsin.local.http_thread import stop_serving
+from tocsin.local.http_thread import LocalServer, stop_serving
 
 
 @dataclass(frozen=True)
@@ -51,8 +51,7 @@ class WebhookReceiver:
         self.script_for: dict[str, list[Reply]] = {}
         self.hang_s = hang_s
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler_class())
-        self._server.daemon_threads = True
+        self._server = LocalServer(("127.0.0.1", port), self._handler_class())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
