@@ -22,6 +22,8 @@ from tocsin.api import openapi_document
 from tocsin.local.runtime import PROCESS_ENVIRONMENT
 from tocsin.local.stack import STACK_NAME, create_stack, translate
 
+pytestmark = pytest.mark.built
+
 BUILT = Path(__file__).parents[2] / ".aws-sam" / "build" / "template.yaml"
 TARGET_KEYS = [
     "arn:aws:kms:us-east-1:123456789012:key/1111aaaa-1111-4111-8111-111111111111",

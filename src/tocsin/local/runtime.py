@@ -202,6 +202,7 @@ class EmbeddedRuntime:
             self._cgroup_bases = sandbox.cgroup_bases()
             sandbox.sweep(self._cgroup_bases)
         self._exits.enter_context(mock.patch.dict(os.environ, PROCESS_ENVIRONMENT))
+        self._collect_less()
         engine = DynamoDBLocalTables if self.tables == "dynamodb-local" else DynamoDBProcess
         self.dynamodb = engine(dict(os.environ))  # starts while the rest is built
         self._exits.callback(self.dynamodb.hand_back)
@@ -267,17 +268,22 @@ class EmbeddedRuntime:
         self._exits.close()
         self._forget_process_caches()
 
-    def _tune_interpreter(self) -> None:
-        """Until the stop: what the start built is out of the collector's generations, young
-        objects are collected less often, and threads switch every millisecond. No
-        collection first (a few hundred ms a start): the start's garbage, frozen with the
-        rest, is collected after the stop."""
-        thresholds, interval = gc.get_threshold(), sys.getswitchinterval()
-        gc.freeze()
+    def _collect_less(self) -> None:
+        """Until the stop, young objects are collected less often: the start makes hundreds
+        of thousands (moto's models, botocore's clients), and at Python's default a third of
+        its CPU went to collections that freed little."""
+        thresholds = gc.get_threshold()
         gc.set_threshold(YOUNG_GC_THRESHOLD, *thresholds[1:])
+        self._exits.callback(gc.set_threshold, *thresholds)
+
+    def _tune_interpreter(self) -> None:
+        """Until the stop: what the start built is out of the collector's generations, and
+        threads switch every millisecond. No collection first (a few hundred ms a start):
+        the start's garbage, frozen with the rest, is collected after the stop."""
+        interval = sys.getswitchinterval()
+        gc.freeze()
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         self._exits.callback(sys.setswitchinterval, interval)
-        self._exits.callback(gc.set_threshold, *thresholds)
         self._exits.callback(gc.unfreeze)
 
     # -- what callers use ------------------------------------------------------------------
