@@ -9,19 +9,24 @@ Redirects are not followed: a 3xx is a permanent failure.
 
 An attempt ends by its limit whatever the receiver does: a read timeout starts again with
 every byte, so a receiver that trickled its answer's head held an attempt as long as it
-liked; at the limit, a watchdog shuts the connection's socket. The HTTPS connections of an
-executor share one TLS context (a context of their own cost each task its certificates).
+liked; at the limit, the watchdog shuts the connection's socket (one thread watches every
+request in flight). The HTTPS connections of an executor share one TLS context (a context
+of their own cost each task its certificates).
 """
 
 import base64
 import binascii
 import contextlib
 import hashlib
+import heapq
 import hmac
+import itertools
 import os
 import socket
 import ssl
 import threading
+import time
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
@@ -198,9 +203,8 @@ class WebhookTarget(Target):
         path = parts.path or "/"
         if parts.query:
             path = f"{path}?{parts.query}"
-        shut = threading.Event()
-        watchdog = threading.Timer(self.attempt_limit_s, _shut, (pool, shut))
-        watchdog.start()
+        request = WATCHDOG.watch(pool, self.attempt_limit_s)
+        shut = request.shut
         try:
             with pool:  # the body is not read: a receiver that trickles it holds no attempt
                 response = pool.urlopen(
@@ -221,7 +225,7 @@ class WebhookTarget(Target):
                 raise PermanentTargetError(f"webhook TLS failed: {reason}") from error
             raise TransientTargetError(f"webhook request failed: {_failure(error)}") from error
         finally:
-            watchdog.cancel()
+            WATCHDOG.release(request)
         _within_limit(shut, self.attempt_limit_s)  # a head cut short may still parse
         if response.status in _RETRIED_STATUSES:
             raise TransientTargetError(f"webhook answered {response.status}")
@@ -253,10 +257,69 @@ class _WatchedHTTPSPool(_Watched, urllib3.HTTPSConnectionPool):
     pass
 
 
-def _shut(pool: urllib3.HTTPConnectionPool, shut: threading.Event) -> None:
-    """The watchdog: shut the sockets of the pool's connections, so the request in flight
-    ends now (its reads fail; the receiver sees the connection close)."""
-    shut.set()
+@dataclass(order=True)
+class _InFlight:
+    """A request in flight: its pool's sockets are shut at `deadline` unless released."""
+
+    deadline: float
+    order: int
+    pool: urllib3.HTTPConnectionPool = field(compare=False)
+    shut: threading.Event = field(compare=False, default_factory=threading.Event)
+    released: bool = field(compare=False, default=False)
+
+
+class _Watchdog:
+    """One thread that shuts each request in flight at its limit. A timer thread a
+    request, started and cancelled around each send, cost four times the request's own
+    CPU after the gate, where 500 sends share a seventh of a core (0.9 ms a send without,
+    3 to 5 ms with, measured side by side)."""
+
+    def __init__(self) -> None:
+        self._in_flight: list[_InFlight] = []  # a heap, earliest deadline first
+        self._order = itertools.count()
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, pool: urllib3.HTTPConnectionPool, limit_s: float) -> _InFlight:
+        request = _InFlight(time.monotonic() + limit_s, next(self._order), pool)
+        with self._changed:
+            heapq.heappush(self._in_flight, request)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
+                self._thread.start()
+            if self._in_flight[0] is request:  # sooner than the one it waits for
+                self._changed.notify()
+        return request
+
+    def release(self, request: _InFlight) -> None:
+        """The request ended: no shut begins after this (one begun is seen by `shut`)."""
+        with self._changed:
+            request.released = True
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                due = self._next_due()
+                if due.released:
+                    continue
+                due.shut.set()
+            _shut(due.pool)
+
+    def _next_due(self) -> _InFlight:
+        """The earliest request, once its deadline has come (called holding the condition)."""
+        while True:
+            now = time.monotonic()
+            if self._in_flight and self._in_flight[0].deadline <= now:
+                return heapq.heappop(self._in_flight)
+            self._changed.wait(self._in_flight[0].deadline - now if self._in_flight else None)
+
+
+WATCHDOG = _Watchdog()
+
+
+def _shut(pool: urllib3.HTTPConnectionPool) -> None:
+    """Shut the sockets of the pool's connections, so the request in flight ends now (its
+    reads fail; the receiver sees the connection close)."""
     for connection in pool.__dict__.get("made", []):
         sock = getattr(connection, "sock", None)
         if sock is not None:
