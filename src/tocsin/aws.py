@@ -24,6 +24,14 @@ TARGET_RETRIES = 1
 TARGET_ATTEMPT_LIMIT_S = (1 + TARGET_RETRIES) * (CONNECT_TIMEOUT_S + READ_TIMEOUT_S) + 2.0
 
 
+def call_limit_s(max_attempts: int = 5) -> float:
+    """The longest one call of a client of ours (`client`, `resource`) can take: every try
+    connecting and waiting its longest, and standard mode's backoff between them (at most
+    2 ** n seconds before try n + 2)."""
+    backoff_s = sum(2.0**n for n in range(max_attempts - 1))
+    return max_attempts * (CONNECT_TIMEOUT_S + _read_timeout_s()) + backoff_s
+
+
 def _read_timeout_s() -> float:
     """READ_TIMEOUT_S, unless the environment sets another (the embedded runtime: its one
     DynamoDB process queues answers under load, where AWS's would not)."""

@@ -22,6 +22,7 @@ an invocation reads before it sends a task it takes over.
 
 import json
 import random
+import threading
 import time
 import traceback
 from collections import Counter
@@ -277,6 +278,34 @@ def written(task_id: str, deadline_ms: int, write: Callable[[], Written]) -> Wri
             time.sleep(pause_s)
 
 
+def answered_by(deadline_ms: int, write: Callable[[], Written]) -> Written:
+    """`write`'s answer, or TableUnavailable at `deadline_ms` if it has none by then (the
+    write goes on, unheeded). A final mark's try could hang past the invocation's end
+    (botocore's own retries, each up to its read timeout): Lambda would kill the invocation
+    with the task sent and no record of it, and the retry would send it again. Cut off,
+    the mark leaves the time to write the sent log (`execute`). A write that cannot
+    outlast the deadline is made here, without a thread of its own."""
+    if clock.now_ms() + aws.call_limit_s() * 1000 <= deadline_ms:
+        return write()
+    answer: list[Written] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            answer.append(write())
+        except BaseException as error:
+            failure.append(error)
+
+    trying = threading.Thread(target=run, name="final-mark", daemon=True)
+    trying.start()
+    trying.join(max(0, deadline_ms - clock.now_ms()) / 1000)
+    if trying.is_alive():
+        raise TableUnavailable("no answer before the invocation's end")
+    if failure:
+        raise failure[0]
+    return answer[0]
+
+
 def _may_pass(fault: Exception) -> bool:
     """A fault a later try may not meet: throttling, a 5xx, a connection that failed."""
     if isinstance(fault, ClientError):
@@ -400,7 +429,10 @@ def _finish(
     finished = written(
         asked.task_id,
         deadline_ms,
-        lambda: store.finish(asked.task_id, asked.version, holder.attempt, status, fields),
+        lambda: answered_by(
+            deadline_ms,
+            lambda: store.finish(asked.task_id, asked.version, holder.attempt, status, fields),
+        ),
     )
     if isinstance(outcome, Failed) and finished:
         send_letter(store, asked.task_id, asked.version, batch.task_type, batch.execution, error)

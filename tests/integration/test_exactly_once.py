@@ -340,6 +340,46 @@ def test_a_send_the_table_will_not_mark_is_logged_and_not_sent_again(
 
 
 @pytest.mark.slow
+def test_a_final_mark_that_hangs_is_cut_off_in_time_to_log_the_send(runtime, receiver, monkeypatch):
+    """The first invocation's final mark gets no answer at all (a write that hangs): it is
+    cut off a second before the invocation's end, the send is written to the sent log, and
+    the invocation fails in its time, where Lambda would have killed it with no record of
+    the send. Fire's retry finds the send in the log and does not send again. (An executor
+    of 12 s keeps it short.)"""
+    from tests.integration.test_letting_go import watched_executor
+
+    monkeypatch.setenv("WEBHOOK_TIMEOUT_SECONDS", "2")
+    settings.cache_clear()
+    executor = runtime.functions["WebhookExecutorFunction"]
+    runtime.functions["WebhookExecutorFunction"] = replace(executor, timeout_s=12)
+    [task_id] = store_pending(receiver.url, 1, 1500, "hung-mark")
+    hung, released = [], threading.Event()
+
+    def hang_the_first_mark(params: dict, **_: object) -> None:
+        values = params.get("ExpressionAttributeValues", {})
+        if ":status" in values and values[":attempt"] in (hung or [values[":attempt"]]):
+            hung.append(values[":attempt"])
+            released.wait(60)  # no answer while the test runs; then the connection drops
+            raise EndpointConnectionError(endpoint_url="https://dynamodb")
+
+    client = aws.resource("dynamodb").meta.client
+    try:
+        with (
+            hooked(client, ("before-parameter-build.dynamodb.UpdateItem", hang_the_first_mark)),
+            watched_executor(runtime) as invocations,
+        ):
+            runtime.run_finder()
+            item = wait_for_status(task_id, {"SUCCEEDED", "FAILED"}, timeout_s=60)
+            assert runtime.wait_for_executions(30)  # the retry's invocation seen to its end
+    finally:
+        released.set()
+    assert item["status"] == "SUCCEEDED" and len(receiver.received()) == 1  # sent once
+    [cut] = [invocation for invocation in invocations if invocation.error == "TableUnavailable"]
+    assert cut.ended_ms - cut.began_ms < 12_000  # within its time: not killed
+    assert invocations[-1].reply == {"tasks": 1, "claimed": 1, "fired": 1}
+
+
+@pytest.mark.slow
 def test_a_dense_window_fires_from_one_execution_each_task_at_its_millisecond(runtime, receiver):
     """Thirty tasks due within one second: one execution, two states, thirty gates."""
     window = (clock.now_ms() // 1000 + 9) * 1000  # a second boundary, past the local lead
@@ -519,55 +559,47 @@ def test_a_lease_that_runs_out_after_a_killed_invocation_lets_a_retry_send_once(
 
 
 @pytest.mark.slow
-def test_a_superseded_attempts_final_mark_is_refused_and_counted(runtime, receiver, monkeypatch):
+def test_a_superseded_attempts_late_final_mark_is_refused_and_nothing_sent_again(
+    runtime, receiver, monkeypatch
+):
     """Fire's invocation sends, and its final mark is held up on the way (a network that
-    delays it) past the invocation's time; Fire's retry takes the task over and sends it
-    again (the receiver sees one idempotency key twice: the gap DESIGN.md names). When
-    the late mark lands, the table refuses it: it is the retry's task. The first
-    invocation counts its outcome unrecorded and sends nothing more."""
+    delays it) past the invocation's time: the invocation cuts it off, logs the send and
+    fails in its time. Fire's retry, once the lease is over, takes the task over, finds
+    the send in the log and sends nothing. When the late mark lands, the table refuses
+    it: the task is the retry's. One send in all."""
     short_leases(runtime, monkeypatch)
     [task_id] = store_pending(receiver.url, 1, -500, "superseded")
     event = batch_event(task_id)
-    held, taken_over, first_done = threading.Event(), threading.Event(), threading.Event()
+    held, taken_over, late = threading.Event(), threading.Event(), []
 
-    def mark_held_until_taken_over(params: dict, **_: object) -> None:
+    def mark_held_until_taken_over(params: dict, context: dict, **_: object) -> None:
         if ":status" in params.get("ExpressionAttributeValues", {}) and not held.is_set():
             held.set()
+            context["late"] = True
             taken_over.wait(60)
 
-    def retry_waits_for_the_late_mark(http_response, context: dict, **_: object) -> None:
-        taking_over = context.get("claim") and http_response.status_code == 200
-        if taking_over and held.is_set() and not taken_over.is_set():
-            taken_over.set()
-            first_done.wait(60)
+    def the_late_marks_answer(http_response, context: dict, **_: object) -> None:
+        if context.get("late"):
+            late.append(http_response.status_code)
 
-    results = []
-
-    def first_invocation() -> None:
-        try:
-            results.append(runtime.invoke("WebhookExecutorFunction", event))
-        finally:
-            first_done.set()
-
-    first = threading.Thread(target=first_invocation)
     hooks = (
-        ("before-parameter-build.dynamodb.UpdateItem", _note_claims),
         ("before-parameter-build.dynamodb.UpdateItem", mark_held_until_taken_over),
-        ("after-call.dynamodb.UpdateItem", retry_waits_for_the_late_mark),
+        ("after-call.dynamodb.UpdateItem", the_late_marks_answer),
     )
     with hooked(tables(), *hooks):
-        first.start()
         try:
-            assert held.wait(30)
+            with pytest.raises(TableUnavailable, match="no answer before"):
+                runtime.invoke("WebhookExecutorFunction", event)
             [sent_first] = receiver.received()
             wait_out_the_lease(task_id)
             retried = runtime.invoke("WebhookExecutorFunction", event)
         finally:
             taken_over.set()
-            first.join()
-    assert results == [{"tasks": 1, "claimed": 1, "fired": 1, "unrecorded": 1}]
+        deadline = time.monotonic() + 10
+        while not late and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert late == [400]  # ConditionalCheckFailed: the task is the retry's
     assert retried == {"tasks": 1, "claimed": 1, "fired": 1}
-    assert stored(task_id)["status"] == "SUCCEEDED"
-    arrivals = receiver.received()
-    assert arrivals[0] == sent_first and len(arrivals) == 2
-    assert {a.idempotency_key for a in arrivals} == {f"{task_id}:1"}
+    item = stored(task_id)
+    assert item["status"] == "SUCCEEDED"
+    assert receiver.received() == [sent_first]  # one send: the retry read the sent log
