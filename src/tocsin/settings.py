@@ -25,7 +25,7 @@ class Settings(BaseModel):
     state_machine_arn: str = Field("", alias="STATE_MACHINE_ARN")
     lookahead_s: int = Field(180, alias="LOOKAHEAD_SECONDS", ge=1)
     lead_ms: int = Field(2000, alias="LEAD_MS", ge=0)
-    prepare_ms_per_task: int = Field(10, alias="PREPARE_MS_PER_TASK", ge=0, le=50)
+    prepare_ms_per_task: int = Field(30, alias="PREPARE_MS_PER_TASK", ge=0, le=50)
     shards: int = Field(8, alias="SHARD_COUNT", ge=1, le=64)
     wakes_per_second: int = Field(300, alias="WAKES_PER_SECOND", ge=1)
     concurrency_budget: int = Field(900, alias="CONCURRENCY_BUDGET", ge=1, le=10_000)

@@ -88,7 +88,8 @@ def test_staggered_wakes_never_fall_before_now_nor_too_early():
 
 
 def test_a_burst_wakes_no_faster_than_the_table_can_take_its_claims():
-    config = Settings(LEAD_MS=2000, TABLE_WARM_WRITES_PER_SECOND=0)  # a new table: 4,000/s
+    # a new table (4,000 claims a second); batches whose wakes share one second
+    config = Settings(LEAD_MS=2000, PREPARE_MS_PER_TASK=10, TABLE_WARM_WRITES_PER_SECOND=0)
     due = 1_800_000_010_000
     tasks = [DueTask(due + i % 1000, f"t{i}", 1, TaskType.SQS) for i in range(20_000)]
     batches = pack(tasks, window_ms=1000, batch_size=500)
@@ -98,7 +99,7 @@ def test_a_burst_wakes_no_faster_than_the_table_can_take_its_claims():
         claims[stagger[batch]] += len(batch.tasks)
     assert max(claims.values()) == config.claims_per_second == 4000
     assert sorted(claims) == [0, 1, 2, 3, 4]  # 40 batches, 8 a second
-    warmed = Settings(LEAD_MS=2000, TABLE_WARM_WRITES_PER_SECOND=20_000)
+    warmed = Settings(LEAD_MS=2000, PREPARE_MS_PER_TASK=10, TABLE_WARM_WRITES_PER_SECOND=20_000)
     assert set(staggers(batches, warmed, now_ms=due - 60_000).values()) == {0}
 
 
