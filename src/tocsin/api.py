@@ -119,7 +119,13 @@ def list_(
     due_before: Annotated[str | None, Query(description="ISO-8601, with a zone")] = None,
     due_after: Annotated[str | None, Query(description="ISO-8601, with a zone")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
-    next: Annotated[str | None, Query(description="from the previous page")] = None,
+    next: Annotated[
+        str | None,
+        Query(
+            description="from the previous page (with `status`, a page may hold fewer than"
+            " `limit` tasks, or none, and still have a next)"
+        ),
+    ] = None,
     order: Annotated[
         Literal["asc", "desc"], Query(description="asc: earliest due first; desc: latest first")
     ] = "asc",

@@ -17,8 +17,16 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from moto.core.botocore_stubber import MockRawResponse
 
-from tests.conftest import all_tasks, call_api, hooked, stored, wait_for_status, webhook_task
-from tocsin import aws, clock, lifecycle
+from tests.conftest import (
+    all_tasks,
+    call_api,
+    hooked,
+    store_task,
+    stored,
+    wait_for_status,
+    webhook_task,
+)
+from tocsin import aws, clock, lifecycle, store
 from tocsin.batch_read import UNPROCESSED_TRIES
 from tocsin.local.runtime import RESPONSE_LIMIT_BYTES, LocalFunction, ResponseSizeTooLarge
 from tocsin.local.server import api_event
@@ -181,6 +189,45 @@ def test_a_page_stops_short_of_its_size_and_the_next_goes_on(runtime, monkeypatc
         if not (token := page["next"]):
             break
     assert pages == [[f"t-{i}"] for i in range(7)]
+
+
+def test_a_status_filtered_listing_reads_a_bounded_part_of_the_index_a_request(
+    runtime, monkeypatch
+):
+    """Two failed tasks among an owner's 450: each request reads at most
+    STATUS_READ_LIMIT of the owner's index entries and answers what it found with a token
+    to go on from, so it answers at once however many tasks the owner holds; following
+    the tokens finds both. (A limit of 200 here keeps the owner small.)"""
+    monkeypatch.setattr(store, "STATUS_READ_LIMIT", 200)
+    later = clock.now_ms() + HOUR_MS
+    for i in range(450):
+        store_task(webhook_task("https://example.com/hook", later + i, f"many-{i:03d}"))
+    table = boto3.resource("dynamodb").Table(settings().tasks_table)
+    for task_id in ("many-120", "many-440"):
+        table.update_item(
+            Key={"task_id": task_id},
+            UpdateExpression="SET #s = :failed",
+            ExpressionAttributeNames={"#s": "status"},
+            ExpressionAttributeValues={":failed": "FAILED"},
+        )
+    read: list[int] = []
+
+    def count(parsed: dict, **_: Any) -> None:
+        read[-1] += len(parsed.get("Items", []))
+
+    found, token = [], None
+    with hooked(aws.resource("dynamodb").meta.client, ("after-call.dynamodb.Query", count)):
+        while True:
+            read.append(0)
+            path = "/tasks?status=FAILED&limit=100" + (f"&next={token}" if token else "")
+            status, page = call_api(runtime, "GET", path)
+            assert status == 200
+            found += [task["id"] for task in page["tasks"]]
+            token = page["next"]
+            if not token:
+                break
+    assert found == ["many-120", "many-440"]
+    assert read == [200, 200, 50]  # entries read by each request
 
 
 def test_a_reply_past_lambdas_limit_fails_here_as_on_aws(runtime):
