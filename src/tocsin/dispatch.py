@@ -21,7 +21,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from tocsin import aws, clock
+from tocsin import aws, clock, cutoff
 from tocsin.index_keys import check_keys, writers_own
 from tocsin.model import TaskType
 from tocsin.observability import logger
@@ -233,6 +233,11 @@ def execution_name(arn: str) -> str:
 # A few attempts only (backoff ~1, 2, 4 s): a start still throttled after them waits for the
 # next finder run rather than stalling this one.
 SFN_RETRIES = 4  # botocore counts these after the first call
+# A due-soon task's start in its writer's request waits this long at most: with its
+# retries a start could take over a minute, past the API's 29 s. Left unanswered, the task
+# goes to a check shard, as a start that failed does (the late start, if it comes, is the
+# same execution: its name is the task's).
+START_WITHIN_MS = 5_000
 
 
 def _sfn() -> Any:
@@ -388,7 +393,14 @@ def dispatch_if_due_soon(item: dict[str, Any], settings: Settings) -> None:
     if not due_soon(item, settings):
         return
     task = due_task(item)
-    _, arn = start(Batch((task,)), settings)
+    try:
+        _, arn = cutoff.within(
+            clock.now_ms() + START_WITHIN_MS,
+            lambda: start(Batch((task,)), settings),
+            TimeoutError("no answer from StartExecution"),
+        )
+    except TimeoutError:
+        arn = None
     if arn is None:
         look_again_now((task,), settings)
 

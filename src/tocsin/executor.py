@@ -22,7 +22,6 @@ an invocation reads before it sends a task it takes over.
 
 import json
 import random
-import threading
 import time
 import traceback
 from collections import Counter
@@ -37,7 +36,7 @@ from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as EndpointUnreachable
 from pydantic import BaseModel, Field, ValidationError
 
-from tocsin import aws, clock, gate
+from tocsin import aws, clock, cutoff, gate
 from tocsin.dead_letter import send_letter
 from tocsin.dispatch import execution_name
 from tocsin.errors import Busy, PermanentTargetError, TransientTargetError
@@ -279,31 +278,17 @@ def written(task_id: str, deadline_ms: int, write: Callable[[], Written]) -> Wri
 
 
 def answered_by(deadline_ms: int, write: Callable[[], Written]) -> Written:
-    """`write`'s answer, or TableUnavailable at `deadline_ms` if it has none by then (the
-    write goes on, unheeded). A final mark's try could hang past the invocation's end
-    (botocore's own retries, each up to its read timeout): Lambda would kill the invocation
-    with the task sent and no record of it, and the retry would send it again. Cut off,
-    the mark leaves the time to write the sent log (`execute`). A write that cannot
-    outlast the deadline is made here, without a thread of its own."""
+    """`write`'s answer, or TableUnavailable at `deadline_ms` if it has none by then. A
+    final mark's try could hang past the invocation's end (botocore's own retries, each up
+    to its read timeout): Lambda would kill the invocation with the task sent and no record
+    of it, and the retry would send it again. Cut off, the mark leaves the time to write
+    the sent log (`execute`). A write that cannot outlast the deadline is made here,
+    without a thread of its own."""
     if clock.now_ms() + aws.call_limit_s() * 1000 <= deadline_ms:
         return write()
-    answer: list[Written] = []
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            answer.append(write())
-        except BaseException as error:
-            failure.append(error)
-
-    trying = threading.Thread(target=run, name="final-mark", daemon=True)
-    trying.start()
-    trying.join(max(0, deadline_ms - clock.now_ms()) / 1000)
-    if trying.is_alive():
-        raise TableUnavailable("no answer before the invocation's end")
-    if failure:
-        raise failure[0]
-    return answer[0]
+    return cutoff.within(
+        deadline_ms, write, TableUnavailable("no answer before the invocation's end")
+    )
 
 
 def _may_pass(fault: Exception) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.awsrequest import AWSPreparedRequest, AWSResponse
+from botocore.exceptions import EndpointConnectionError
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
@@ -26,7 +27,7 @@ from tests.conftest import (
     wait_for_status,
     webhook_task,
 )
-from tocsin import aws, clock, lifecycle, store
+from tocsin import aws, clock, dispatch, lifecycle, store
 from tocsin.batch_read import UNPROCESSED_TRIES
 from tocsin.local.runtime import RESPONSE_LIMIT_BYTES, LocalFunction, ResponseSizeTooLarge
 from tocsin.local.server import api_event
@@ -228,6 +229,38 @@ def test_a_status_filtered_listing_reads_a_bounded_part_of_the_index_a_request(
                 break
     assert found == ["many-120", "many-440"]
     assert read == [200, 200, 50]  # entries read by each request
+
+
+@pytest.mark.slow
+def test_a_due_soon_start_that_hangs_is_left_to_the_reconciler_and_the_request_answers(
+    runtime, receiver, monkeypatch
+):
+    """Step Functions does not answer the start of a task due soon: the API answers 201
+    once START_WITHIN_MS is up (1 s here), not when botocore's retries end (over a minute,
+    past the API's 29 s), with the task in a check shard; the reconciler's next look starts
+    it, and it fires once."""
+    monkeypatch.setattr(dispatch, "START_WITHIN_MS", 1000)
+    released, hung = threading.Event(), []
+
+    def hang_the_first(**_: Any) -> None:
+        if not hung:
+            hung.append(clock.now_ms())
+            released.wait(60)
+            raise EndpointConnectionError(endpoint_url="https://states")
+
+    due = clock.now_ms() + 6000
+    try:
+        with hooked(dispatch._sfn(), ("before-call.sfn.StartExecution", hang_the_first)):
+            began = time.monotonic()
+            status, _ = call_api(runtime, "POST", "/tasks", webhook_task(receiver.url, due, "hung"))
+            took_s = time.monotonic() - began
+    finally:
+        released.set()
+    assert status == 201 and hung and took_s < 5  # 1 s, and the rest of the request
+    assert stored("hung")["gsi_pk"].startswith("check-")  # for the reconciler's next look
+    assert runtime.run_finder()["started_late"] == 1
+    wait_for_status("hung", {"SUCCEEDED"})
+    assert [arrival.task_id for arrival in receiver.received()] == ["hung"]
 
 
 def test_a_reply_past_lambdas_limit_fails_here_as_on_aws(runtime):
