@@ -19,12 +19,13 @@ from tocsin.settings import CONNECT_TIMEOUT_S
 _lock = threading.Lock()
 READ_TIMEOUT_S = 10.0
 TARGET_RETRIES = 1
+MAX_ATTEMPTS = 5  # botocore's tries of one call of our own clients (`client`, `resource`)
 # One send to an AWS target at most: every try connecting and waiting its longest, and
 # botocore's backoff between them (standard mode: up to 20 s, never that much after one).
 TARGET_ATTEMPT_LIMIT_S = (1 + TARGET_RETRIES) * (CONNECT_TIMEOUT_S + READ_TIMEOUT_S) + 2.0
 
 
-def call_limit_s(max_attempts: int = 5) -> float:
+def call_limit_s(max_attempts: int = MAX_ATTEMPTS) -> float:
     """The longest one call of a client of ours (`client`, `resource`) can take: every try
     connecting and waiting its longest, and standard mode's backoff between them (at most
     2 ** n seconds before try n + 2)."""
@@ -56,7 +57,7 @@ def _cached(service: str, kind: str, retry_mode: str, max_attempts: int) -> Any:
     return made
 
 
-def client(service: str, retry_mode: str = "standard", max_attempts: int = 5) -> Any:
+def client(service: str, retry_mode: str = "standard", max_attempts: int = MAX_ATTEMPTS) -> Any:
     """A shared client with botocore's retries in `retry_mode`, `max_attempts` after the first."""
     with _lock:  # boto3's session is not safe to create clients from in parallel
         return _cached(service, "client", retry_mode, max_attempts)
@@ -71,7 +72,7 @@ def target_client(service: str) -> Any:
 
 def resource(service: str) -> Any:
     with _lock:
-        return _cached(service, "resource", "standard", 5)
+        return _cached(service, "resource", "standard", MAX_ATTEMPTS)
 
 
 def forget_clients() -> None:

@@ -45,7 +45,8 @@ def fifo_parameters(message_group_id: str | None, delivery: Delivery) -> dict[st
 
 
 class Target(BaseModel):
-    """A validated target. `prepare` runs before the gate, `send` at the due time."""
+    """A validated target. `prepare` runs before the gate, `send` at the due time (a
+    BatchedTarget's tasks go out by `send_entries` instead, ten to a call)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     aws_services: ClassVar[tuple[str, ...]] = ()  # clients to create at init, not on the clock
@@ -90,12 +91,6 @@ class BatchedTarget(Target):
         """One call with `entries`: each entry's answer or error, in order. An error of the
         whole call is raised (a TargetError, for every entry)."""
         raise NotImplementedError(cls.__name__)
-
-    def send(self, delivery: Delivery) -> dict[str, Any]:
-        [answer] = type(self).send_entries(self.batch_key(), [self.entry(delivery)])
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
 
 
 def entry_bytes(entry: dict[str, Any]) -> int:
