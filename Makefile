@@ -76,9 +76,10 @@ tests-built: sam-build
 	@$(call judged,templates,$(BIN)/pytest -q -m built)
 
 # The same tests on the functions' Python, but for those whose outcome does not depend on
-# the Python that runs them (marked `any_python`: the locks, the template, the layer) and
-# those of the developer tools (marked `tool`: bench, chaos, demo, serve), which run on the
-# developer's Python; the functions the tools run, the other tests run here.
+# the Python that runs them (marked `any_python`: the locks, the template, the layer; and
+# `built`: the deploy smoke test) and those of the developer tools (marked `tool`: bench,
+# chaos, demo, serve), which run on the developer's Python; the functions the tools run,
+# the other tests run here.
 tests-runtime: dynamodb-local $(if $(RUNTIME_PYTHON),$(RUNTIME_VENV)/.installed)
 ifeq ($(RUNTIME_PYTHON),)
 	@$(call missing,tests-3.13,no Python 3.13 (python3.13 on the PATH, or pyenv install 3.13))
@@ -179,8 +180,8 @@ statelint: $(VENV)/.installed $(CHKENV)/.installed
 
 # Everything a .venv and the layer install is locked, with hashes, in requirements/
 # (`make lock` writes the locks from pyproject.toml; a test fails when they disagree).
-# pip installs uv alone, from its lines of the lock, and uv installs the rest: in a fifth
-# of pip's time. The locked packages install side by side; what builds the package in the
+# pip installs uv alone, from its lines of the lock, and uv installs the rest: in under
+# half of pip's time (one .venv, bytecode compiled: 29 s where pip took 65 s). The locked packages install side by side; what builds the package in the
 # checkout (the editable installs, the layer's `sam build`) runs one at a time.
 UV := $(BIN)/uv
 UV_LOCK := .build/uv.txt
