@@ -297,8 +297,9 @@ def serve(*arguments: str) -> tuple[subprocess.Popen, str]:
     own, once it listens; the process and its URL."""
     # Ctrl-C as a terminal delivers it: a shell that runs pytest in the background hands
     # its children SIGINT ignored, and Python then never raises KeyboardInterrupt.
-    server = subprocess.Popen(
-        [sys.executable, "-m", "tocsin.cli", "serve", "--port", "0", *arguments],
+    command = [sys.executable, "-X", "faulthandler", "-m", "tocsin.cli", "serve", "--port", "0"]
+    server = subprocess.Popen(  # faulthandler: a stop that hangs shows where (stop())
+        [*command, *arguments],
         stdout=subprocess.PIPE,
         text=True,
         cwd=Path(__file__).parents[1],
@@ -313,6 +314,13 @@ def serve(*arguments: str) -> tuple[subprocess.Popen, str]:
     return server, listening[1]
 
 
-def stop(server: subprocess.Popen) -> None:
+def stop(server: subprocess.Popen, within_s: float = 60) -> None:
+    """Ctrl-C to `tocsin serve`, which must end well within `within_s`; if it has not, each
+    of its threads' stack goes to the test's output (faulthandler's dump at SIGABRT)."""
     server.send_signal(signal.SIGINT)
-    assert server.wait(timeout=60) == 0
+    try:
+        assert server.wait(timeout=within_s) == 0
+    except subprocess.TimeoutExpired:
+        server.send_signal(signal.SIGABRT)
+        server.wait(timeout=30)
+        pytest.fail(f"tocsin serve did not stop {within_s} s after Ctrl-C: its threads above")

@@ -107,18 +107,18 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"error: --state: {error}", file=sys.stderr)
             return 2
         url = running.enter_context(serving(runtime, args.port, args.principal))
-        print(f"Tocsin API on {url} (caller: X-Tocsin-Principal header). Ctrl-C stops.")
-        print(f"  the console: {url}/ (acting as {args.principal})")
-        for line in runtime.sandbox_report():
-            print(f"  {line}")
-        print(f"  its OpenAPI document: {url}/openapi.json, Swagger UI: {url}/swagger")
-        if args.state:
-            requeued = len(runtime.requeued)
-            print(f"  state in {args.state}, saved at the stop ({requeued} tasks requeued)")
-        allowed = ", ".join(args.allow_host or []) or "none"
-        print(f"  webhooks to internal addresses allowed for: {allowed} (--allow-host)")
-        print(f"  export TOCSIN_URL={url}", flush=True)
-        try:
+        try:  # from the first line printed: a Ctrl-C as soon as it is read stops it
+            print(f"Tocsin API on {url} (caller: X-Tocsin-Principal header). Ctrl-C stops.")
+            print(f"  the console: {url}/ (acting as {args.principal})")
+            for line in runtime.sandbox_report():
+                print(f"  {line}")
+            print(f"  its OpenAPI document: {url}/openapi.json, Swagger UI: {url}/swagger")
+            if args.state:
+                requeued = len(runtime.requeued)
+                print(f"  state in {args.state}, saved at the stop ({requeued} tasks requeued)")
+            allowed = ", ".join(args.allow_host or []) or "none"
+            print(f"  webhooks to internal addresses allowed for: {allowed} (--allow-host)")
+            print(f"  export TOCSIN_URL={url}", flush=True)
             threading.Event().wait()
         except KeyboardInterrupt:
             print("stopping")
@@ -143,10 +143,10 @@ def _console(args: argparse.Namespace) -> int:
         return 2
     session = {"principal": caller_arn(args.region), "api": api_url}
     with serving_console(upstream, session, args.port, token=new_token()) as url:
-        print(f"Tocsin console for {api_url}, as {session['principal']}. Ctrl-C stops.")
-        print(f"  open {url}", flush=True)
-        print("  (its token is printed only here; the page keeps it in a cookie)", flush=True)
-        try:
+        try:  # from the first line printed: a Ctrl-C as soon as it is read stops it
+            print(f"Tocsin console for {api_url}, as {session['principal']}. Ctrl-C stops.")
+            print(f"  open {url}", flush=True)
+            print("  (its token is printed only here; the page keeps it in a cookie)", flush=True)
             threading.Event().wait()
         except KeyboardInterrupt:
             print("stopping")

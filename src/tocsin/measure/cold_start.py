@@ -31,8 +31,11 @@ def handler(event, context):
     return {}
 """
 # What a child prints: CPU seconds from before its first import of the handler to after.
-CHILD = """
-import sys, time
+# An init that has not ended in INIT_LIMIT_S ends there, its threads' stacks on stderr.
+INIT_LIMIT_S = 120
+CHILD = f"""
+import faulthandler, sys, time
+faulthandler.dump_traceback_later({INIT_LIMIT_S}, exit=True)
 started = time.process_time()
 sys.path[:0] = sys.argv[1:]
 import app
@@ -139,7 +142,7 @@ def init_cpu_ms(python: str, folder: Path, layer: Path) -> float:
         cwd=folder,
     )
     if done.returncode:
-        raise RuntimeError(f"{folder.name} failed to initialise:\n{done.stderr[-2000:]}")
+        raise RuntimeError(f"{folder.name} failed to initialise:\n{done.stderr[-4000:]}")
     return float(done.stdout) * 1000
 
 
