@@ -7,6 +7,7 @@ import re
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
 from datetime import datetime
@@ -119,7 +120,7 @@ def _serve(args: argparse.Namespace) -> int:
             allowed = ", ".join(args.allow_host or []) or "none"
             print(f"  webhooks to internal addresses allowed for: {allowed} (--allow-host)")
             print(f"  export TOCSIN_URL={url}", flush=True)
-            threading.Event().wait()
+            until_interrupted()
         except KeyboardInterrupt:
             print("stopping")
     return 0
@@ -147,7 +148,7 @@ def _console(args: argparse.Namespace) -> int:
             print(f"Tocsin console for {api_url}, as {session['principal']}. Ctrl-C stops.")
             print(f"  open {url}", flush=True)
             print("  (its token is printed only here; the page keeps it in a cookie)", flush=True)
-            threading.Event().wait()
+            until_interrupted()
         except KeyboardInterrupt:
             print("stopping")
     return 0
@@ -598,6 +599,15 @@ def main(argv: list[str] | None = None) -> int:
     except LimitsUnavailable as refused:  # never a silent run without the limits
         print(f"error: {refused}", file=sys.stderr)
         return 2
+
+
+def until_interrupted() -> None:
+    """Until Ctrl-C (or SIGTERM, as one): KeyboardInterrupt. The kernel may hand a signal
+    to any thread, and Python raises it only in the main thread, when that thread next runs:
+    a main thread blocked for good on a lock never did (a `tocsin serve` under load ignored
+    its Ctrl-C for a minute and more), so it wakes every second."""
+    while True:
+        time.sleep(1)
 
 
 # Commands that run a runtime or a server until they end or are stopped: SIGTERM (a service

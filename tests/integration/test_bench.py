@@ -156,6 +156,7 @@ def test_dense_on_dynamodb_local_counts_the_engines_cpu(capsys):
 
 
 @pytest.mark.any_python
+@pytest.mark.timeout(900)  # alone 33 s, 22 of them building the layer; beside CI's passes, minutes
 def test_cold_start_measures_every_function_beside_the_bare_handler(capsys):
     """Each function of the template initialises from the layer as `sam build` makes it,
     in a clean interpreter of the runtime's version (whichever Python runs the tests); the

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import serve, stop
+from tocsin.cli import until_interrupted
 from tocsin.local.dynamodb_local import jar
 
 pytestmark = pytest.mark.skipif(
@@ -108,3 +110,21 @@ def test_serve_stopped_leaves_nothing_running(ending, monkeypatch):
     assert server.stdout is not None
     server.stdout.close()
     assert all_gone(mark) == []
+
+
+@pytest.mark.timeout(15)
+def test_a_ctrl_c_that_another_thread_takes_still_stops_serve_and_console():
+    """The kernel may hand a process's SIGINT to any of its threads, and Python raises
+    KeyboardInterrupt only in the main thread, once that thread runs: serve's wait, blocked
+    for good on a lock, ignored such a Ctrl-C (CI: no stop 60 s after it)."""
+    sleeper = threading.Thread(target=time.sleep, args=(10,), daemon=True)
+    sleeper.start()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Timer(0.2, signal.pthread_kill, (sleeper.ident, signal.SIGINT)).start()
+        began = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            until_interrupted()
+        assert time.monotonic() - began < 5
+    finally:
+        signal.signal(signal.SIGINT, previous)
