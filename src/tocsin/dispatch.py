@@ -23,7 +23,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from tocsin import aws, clock, cutoff
 from tocsin.index_keys import check_keys, writers_own
-from tocsin.model import TaskType
+from tocsin.model import BATCH_ENTRIES, BATCHED_TYPES, TaskType
 from tocsin.observability import logger
 from tocsin.settings import Settings
 from tocsin.store import TaskStore
@@ -86,11 +86,19 @@ class Batch:
 # and a Lambda environment has 1,024 of them: a webhook batch holds at most this many tasks.
 WEBHOOK_BATCH_MAX = 256
 
+# What a gate lets go at once must fit the CPU an executor has to send it: a batch holds at
+# most `burst_sends` sends' worth of tasks due within any BURST_SPAN_MS (a send a task; a
+# call of BATCH_ENTRIES for a batched type). More due together go to more batches, whose
+# executors, each with its own share of a core, send side by side.
+BURST_SPAN_MS = 100
 
-def pack(tasks: list[DueTask], window_ms: int, batch_size: int) -> list[Batch]:
+
+def pack(tasks: list[DueTask], window_ms: int, batch_size: int, burst_sends: int) -> list[Batch]:
     """Tasks of one type whose due times fall in the same window (windows aligned to
-    multiples of `window_ms`), at most `batch_size` a batch (WEBHOOK_BATCH_MAX for
-    webhooks); earliest first.
+    multiples of `window_ms`), in as few batches as keep each within `batch_size` tasks
+    (WEBHOOK_BATCH_MAX for webhooks) and `burst_sends` for any BURST_SPAN_MS. A window's
+    tasks are dealt to its batches in turn, earliest first: each batch then holds its share
+    of every span, and none more than the limits.
 
     Two finders that see different tasks may pack them differently: each task still fires
     once, for only one execution can claim it.
@@ -101,8 +109,20 @@ def pack(tasks: list[DueTask], window_ms: int, batch_size: int) -> list[Batch]:
     batches = []
     for (task_type, _), members in windows.items():
         size = min(batch_size, WEBHOOK_BATCH_MAX) if task_type is TaskType.WEBHOOK else batch_size
-        batches += [Batch(tuple(members[i : i + size])) for i in range(0, len(members), size)]
+        burst = burst_sends * (BATCH_ENTRIES if task_type in BATCHED_TYPES else 1)
+        count = max(-(-len(members) // size), -(-densest(members) // burst))
+        batches += [Batch(tuple(members[i::count])) for i in range(count)]
     return sorted(batches)
+
+
+def densest(tasks: list[DueTask]) -> int:
+    """The most of `tasks` (earliest first) due within any BURST_SPAN_MS."""
+    most, start = 0, 0
+    for end, task in enumerate(tasks):
+        while task.due_ms - tasks[start].due_ms >= BURST_SPAN_MS:
+            start += 1
+        most = max(most, end - start + 1)
+    return most
 
 
 class Outcome(StrEnum):
@@ -333,7 +353,7 @@ def dispatch_all(tasks: list[DueTask], settings: Settings, deadline: float) -> D
     it is started again then (the same name: no second execution, but a call of the same
     quota), so the fewer of those, the sooner the rest starts."""
     store = TaskStore(settings.tasks_table)
-    batches = pack(tasks, settings.batch_window_ms, settings.batch_size)
+    batches = pack(tasks, settings.batch_window_ms, settings.batch_size, settings.burst_sends)
     stagger = staggers(batches, settings, clock.now_ms())
 
     spent = threading.Event()  # StartExecution's quota, past botocore's retries

@@ -43,6 +43,7 @@ from tocsin.dispatch import execution_name
 from tocsin.errors import Busy, PermanentTargetError, TransientTargetError
 from tocsin.index_keys import owed_letter_keys
 from tocsin.model import (
+    BATCH_ENTRIES,
     DEFAULT_MAX_ATTEMPTS,
     TASK_ID_PATTERN,
     TaskStatus,
@@ -54,7 +55,7 @@ from tocsin.sent import Fired, SentLog, Try
 from tocsin.settings import settings
 from tocsin.store import Claim, Holder, TaskStore
 from tocsin.targets import TARGETS, Delivery, Target, parse_target
-from tocsin.targets.base import BATCH_BYTES, BATCH_ENTRIES, Answer, BatchedTarget, entry_bytes
+from tocsin.targets.base import BATCH_BYTES, Answer, BatchedTarget, entry_bytes
 
 CLAIM_WORKERS = 32
 FINISH_MARGIN_MS = 3000  # kept back from retries for the final marks and dead letters

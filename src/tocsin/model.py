@@ -30,6 +30,12 @@ class TaskType(StrEnum):
     EMAIL = "email"
 
 
+# SendMessageBatch, PublishBatch and PutEvents take ten entries a call: tasks of these types
+# due together at one queue, topic or bus go out ten to a call (tocsin.targets.base).
+BATCHED_TYPES = frozenset({TaskType.SQS, TaskType.SNS, TaskType.EVENTBRIDGE})
+BATCH_ENTRIES = 10
+
+
 # A role session's unique id (`AROA…:session`) and, as a local principal, its ARN.
 _ROLE_SESSION_ID = re.compile(r"^(AROA[A-Z0-9]+):.+$")
 _ROLE_SESSION_ARN = re.compile(r"^arn:([\w-]+):sts::(\d{12}):assumed-role/([^/]+)/.+$")

@@ -3,11 +3,15 @@
 import json
 import re
 
-from tocsin.dispatch import Batch, DueTask, execution_input, pack, staggers
-from tocsin.model import TaskType
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tocsin.dispatch import BURST_SPAN_MS, Batch, DueTask, densest, execution_input, pack, staggers
+from tocsin.model import BATCH_ENTRIES, BATCHED_TYPES, TaskType
 from tocsin.settings import BATCH_SIZE_LIMIT, Settings
 
 SECOND = 1_800_000_000_000  # a window boundary
+ANY_BURST = BATCH_SIZE_LIMIT  # no batch is split for its tasks due together
 
 
 def task(offset_ms: int, name: str, task_type: TaskType = TaskType.WEBHOOK) -> DueTask:
@@ -21,7 +25,7 @@ def test_tasks_of_one_type_in_one_window_share_a_batch():
         task(500, "queue", TaskType.SQS),
         task(1000, "next-window"),
     ]
-    batches = pack(tasks, window_ms=1000, batch_size=500)
+    batches = pack(tasks, window_ms=1000, batch_size=500, burst_sends=ANY_BURST)
     assert [[t.task_id for t in b.tasks] for b in batches] == [
         ["first", "late-in-window"],
         ["queue"],
@@ -29,11 +33,50 @@ def test_tasks_of_one_type_in_one_window_share_a_batch():
     ]
 
 
-def test_a_crowded_window_is_split_at_the_batch_size_earliest_first():
+def test_a_crowded_window_is_dealt_evenly_to_as_few_batches_as_its_size_allows():
     tasks = [task(i, f"t{i:03d}") for i in range(250)]
-    batches = pack(tasks, window_ms=1000, batch_size=100)
-    assert [len(b.tasks) for b in batches] == [100, 100, 50]
-    assert [t.task_id for b in batches for t in b.tasks] == [f"t{i:03d}" for i in range(250)]
+    batches = pack(tasks, window_ms=1000, batch_size=100, burst_sends=ANY_BURST)
+    assert [len(b.tasks) for b in batches] == [84, 83, 83]
+    assert [t.task_id for t in batches[0].tasks[:3]] == ["t000", "t003", "t006"]
+    assert sorted(t for b in batches for t in b.tasks) == sorted(tasks)
+
+
+def test_tasks_due_together_are_split_so_that_no_executor_sends_more_than_its_burst():
+    """500 tasks due in one millisecond: a 256 MB executor sends about 15 webhooks in
+    100 ms, so they go to 34 batches that send side by side; SQS tasks go ten to a call,
+    150 a batch; a lone task, or a few, stay whole."""
+    webhooks = [task(0, f"w{i:03d}") for i in range(500)]
+    queues = [task(0, f"q{i:03d}", TaskType.SQS) for i in range(500)]
+    batches = pack(webhooks + queues + [task(5000, "lone")], 1000, 500, burst_sends=15)
+    sizes = {kind: [len(b.tasks) for b in batches if b.task_type is kind] for kind in TaskType}
+    assert len(sizes[TaskType.WEBHOOK]) == 35 and max(sizes[TaskType.WEBHOOK][:34]) == 15
+    assert sizes[TaskType.SQS] == [125] * 4
+    assert sizes[TaskType.WEBHOOK][-1] == 1
+
+
+@given(
+    offsets=st.lists(st.integers(0, 2999), min_size=1, max_size=600),
+    batch_size=st.integers(1, 500),
+    burst_sends=st.integers(1, 40),
+    batched=st.booleans(),
+)
+def test_every_task_is_packed_once_within_the_size_and_the_burst(
+    offsets, batch_size, burst_sends, batched
+):
+    kind = TaskType.SQS if batched else TaskType.WEBHOOK
+    tasks = [task(offset, f"t{i:03d}", kind) for i, offset in enumerate(offsets)]
+    batches = pack(tasks, window_ms=1000, batch_size=batch_size, burst_sends=burst_sends)
+    assert sorted(t for b in batches for t in b.tasks) == sorted(tasks)
+    burst = burst_sends * (BATCH_ENTRIES if kind in BATCHED_TYPES else 1)
+    for batch in batches:
+        assert len(batch.tasks) <= batch_size and densest(list(batch.tasks)) <= burst
+        assert len({t.due_ms // 1000 for t in batch.tasks}) == 1  # one window
+        assert list(batch.tasks) == sorted(batch.tasks)
+
+
+def test_the_densest_span_counts_tasks_due_within_100_ms():
+    tasks = [task(offset, f"t{offset}") for offset in (0, 50, 99, 100, 150, 400)]
+    assert densest(tasks) == 3 and BURST_SPAN_MS == 100  # 0..99 and 50..149 hold three
 
 
 def test_a_batch_name_is_the_same_for_the_same_members_and_differs_otherwise():
@@ -52,7 +95,7 @@ def test_the_largest_batch_of_the_longest_ids_stays_far_inside_the_state_limit()
         DueTask(SECOND + i, f"{i:04d}".ljust(64, "x"), 10**9, TaskType.EVENTBRIDGE)
         for i in range(BATCH_SIZE_LIMIT)
     ]
-    [batch] = pack(tasks, window_ms=1000, batch_size=BATCH_SIZE_LIMIT)
+    [batch] = pack(tasks, 1000, BATCH_SIZE_LIMIT, burst_sends=ANY_BURST)
     name = batch.execution_name
     assert len(name) <= 80 and name.replace("-", "").replace("_", "").isalnum()
     given = json.dumps(execution_input(batch, Settings()))
@@ -75,7 +118,7 @@ def test_a_table_warmed_below_a_new_tables_rate_plans_claims_at_that_rate():
     (warm throughput cannot go below it) must not slow the plan down. Eight batches of 500
     claims due in one second all wake in their own second, as with no warming at all."""
     tasks = [task(i % 1000, f"t{i:04d}") for i in range(4000)]
-    batches = pack(tasks, window_ms=1000, batch_size=500)
+    batches = pack(tasks, window_ms=1000, batch_size=500, burst_sends=ANY_BURST)
     now_ms = SECOND - 60_000
     for warm in (0, 1000):
         config = Settings(TABLE_WARM_WRITES_PER_SECOND=warm, LEAD_MS=2000)
@@ -90,6 +133,15 @@ def test_a_webhook_batch_holds_no_more_connections_than_a_lambda_has_descriptors
     before its gate to its answer: a webhook batch stops at 256; other types at the size."""
     webhooks = [task(i, f"w{i:03d}") for i in range(600)]
     queues = [task(i, f"q{i:03d}", TaskType.SQS) for i in range(600)]
-    batches = pack(webhooks + queues, window_ms=1000, batch_size=500)
+    batches = pack(webhooks + queues, window_ms=1000, batch_size=500, burst_sends=ANY_BURST)
     sizes = {kind: [len(b.tasks) for b in batches if b.task_type is kind] for kind in TaskType}
-    assert sizes[TaskType.WEBHOOK] == [256, 256, 88] and sizes[TaskType.SQS] == [500, 100]
+    assert sizes[TaskType.WEBHOOK] == [200] * 3 and sizes[TaskType.SQS] == [300] * 2
+
+
+def test_the_batched_types_are_those_whose_targets_send_ten_to_a_call():
+    from tocsin.targets import TARGETS
+    from tocsin.targets.base import BatchedTarget
+
+    assert {kind for kind, target in TARGETS.items() if issubclass(target, BatchedTarget)} == (
+        BATCHED_TYPES
+    )

@@ -92,7 +92,7 @@ def test_a_burst_wakes_no_faster_than_the_table_can_take_its_claims():
     config = Settings(LEAD_MS=2000, PREPARE_MS_PER_TASK=10, TABLE_WARM_WRITES_PER_SECOND=0)
     due = 1_800_000_010_000
     tasks = [DueTask(due + i % 1000, f"t{i}", 1, TaskType.SQS) for i in range(20_000)]
-    batches = pack(tasks, window_ms=1000, batch_size=500)
+    batches = pack(tasks, window_ms=1000, batch_size=500, burst_sends=config.burst_sends)
     stagger = staggers(batches, config, now_ms=due - 60_000)
     claims = Counter()
     for batch in batches:

@@ -64,9 +64,9 @@ class Target(BaseModel):
         raise NotImplementedError(type(self).__name__)
 
 
-# SendMessageBatch, PublishBatch and PutEvents each take ten entries a call, and 256 KiB
-# together (SQS allows 1 MiB since 2025, but a queue's MaximumMessageSize may be less).
-BATCH_ENTRIES = 10
+# SendMessageBatch, PublishBatch and PutEvents each take ten entries a call
+# (tocsin.model.BATCH_ENTRIES), and 256 KiB together (SQS allows 1 MiB since 2025, but a
+# queue's MaximumMessageSize may be less).
 BATCH_BYTES = 256 * 1024
 TargetError = PermanentTargetError | TransientTargetError
 Answer = dict[str, Any] | TargetError  # what one entry of a call came to
