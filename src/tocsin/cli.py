@@ -421,10 +421,32 @@ def _bench(args: argparse.Namespace) -> int:
     if isinstance(pricing, str):
         print(f"error: {pricing}", file=sys.stderr)
         return 2
+    parameters = _template_parameters(args.parameter or [])
+    if isinstance(parameters, str):
+        print(f"error: --parameter: {parameters}", file=sys.stderr)
+        return 2
     return bench.main(
         names, args.scale, args.seed, args.json, args.plot, pricing, args.tables,
-        args.lambda_limits,
+        args.lambda_limits, parameters,
     )  # fmt: skip
+
+
+def _template_parameters(given: list[str]) -> "dict[str, str] | str":
+    """`NAME=VALUE` pairs as template parameters; a refusal as text: a name the template
+    does not declare, or a number outside its MinValue and MaxValue."""
+    from tocsin.local.stack import project_template
+
+    declared = project_template()["Parameters"]
+    parameters = {}
+    for pair in given:
+        name, equals, value = pair.partition("=")
+        if not equals or name not in declared:
+            return f"{pair!r}: give NAME=VALUE, NAME one of the template's parameters"
+        low, high = declared[name].get("MinValue"), declared[name].get("MaxValue")
+        if low is not None and not (value.isdigit() and low <= int(value) <= high):
+            return f"{name}={value}: a whole number from {low} to {high}"
+        parameters[name] = value
+    return parameters
 
 
 def _pricing(args: argparse.Namespace) -> "Pricing | str | None":
@@ -555,6 +577,13 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         metavar="PERCENT",
         help="with --billing provisioned: the share of capacity a steady load uses (70)",
+    )
+    bench.add_argument(
+        "--parameter",
+        action="append",
+        metavar="NAME=VALUE",
+        help="a template parameter for every runtime of the run, over the scenario's own "
+        "(repeatable; e.g. BurstSendsPerInvocation=30)",
     )
     _tables_option(bench)
     _lambda_limits_option(bench)

@@ -222,12 +222,18 @@ def test_bench_refuses_a_pricing_it_cannot_state(capsys, arguments, named):
 @pytest.mark.skipif(writable_cgroups() is not None, reason=f"no sandbox here: {writable_cgroups()}")
 def test_lambda_fires_every_task_once_from_sandboxes_and_reports_each_size(capsys, monkeypatch):
     """The scenario's shape at the template's size only (the others are the same code):
-    both types, then the large bodies, every task fired once and never early, from
-    sandboxes whose measured share the quota caps."""
+    both types, the large bodies, one executor's share alone, every task fired once and
+    never early, from sandboxes whose measured share the quota caps."""
     monkeypatch.setattr(lambda_bench, "SIZES_MB", (256,))
     assert main(["bench", "--scenarios", "lambda", "--scale", "0.01", "--json"]) == 0
     figures = last_json(capsys.readouterr().out)["lambda"]
-    assert figures["tasks"] == figures["fired"] == 3 * figures["per_run"]
+    alone = figures["one_invocation"]  # an executor's share of a split burst, alone
+    assert set(alone) == {"webhook", "sqs"}
+    assert (
+        figures["tasks"]
+        == figures["fired"]
+        == 3 * figures["per_run"] + sum(run["tasks"] for run in alone.values())
+    )
     assert figures["early"] == figures["duplicates"] == figures["lost"] == 0
     assert figures["memory_mb"] == 256 and 0 < figures["calibrated_share"] <= 0.145 * SLACK
     assert set(figures["by_memory"]) == {"256"}
@@ -236,3 +242,19 @@ def test_lambda_fires_every_task_once_from_sandboxes_and_reports_each_size(capsy
     # Its lateness is the figure it measures (a cold start at a seventh of a core took 4 s
     # here on a busy machine): reported, not bounded, as every bench figure.
     assert figures["lateness_ms"]["p99"] >= 0
+
+
+def test_a_template_parameter_given_to_the_bench_reaches_every_runtime_over_the_scenarios(
+    capsys,
+):
+    """`--parameter NAME=VALUE` (a sweep of BurstSendsPerInvocation, say) holds for every
+    runtime of the run, over what a scenario sets; a name the template does not declare,
+    or a number outside its bounds, is refused naming the option."""
+    assert main(["bench", "--scenarios", "sparse", "--parameter", "Burst=30"]) == 2
+    assert "error: --parameter: 'Burst=30': give NAME=VALUE" in capsys.readouterr().err
+    assert main(["bench", "--scenarios", "sparse", "--parameter", "BurstSendsPerInvocation=0"]) == 2
+    assert "BurstSendsPerInvocation=0: a whole number from 1 to 800" in capsys.readouterr().err
+    given = bench.Bench(None, None, parameters={"BurstSendsPerInvocation": "30"})  # type: ignore[arg-type]
+    runtime = given.runtime({"BurstSendsPerInvocation": "15", "LeadMilliseconds": "900"})
+    assert runtime.parameters["BurstSendsPerInvocation"] == "30"
+    assert runtime.parameters["LeadMilliseconds"] == "900"

@@ -15,7 +15,8 @@ import pytest
 from tests.conftest import runtime_with, store_task, wait_for_status, webhook_task
 from tocsin import clock
 from tocsin.cli import main
-from tocsin.local import sandbox
+from tocsin.local import sandbox, tls
+from tocsin.measure.receiver import WebhookReceiver
 
 
 def writable_cgroups() -> str | None:
@@ -94,10 +95,54 @@ def test_an_invocation_past_its_timeout_is_killed_as_sandbox_timedout(tmp_path):
     assert ours() == []
 
 
-def test_the_executors_fire_from_their_sandboxes_each_task_once(receiver):
+BUSY_S = 0.3  # of CPU: at 128 MB's share (0.072 of a core) no less than 4.1 s of wall
+BUSY_MODULE = f"""
+import time
+
+
+def busy():
+    end, started = time.process_time() + {BUSY_S}, time.monotonic()
+    while time.process_time() < end:
+        pass
+    return time.monotonic() - started
+
+
+INIT_WALL_S = busy()
+
+
+def handler(event, context):
+    return [INIT_WALL_S, busy()]
+"""
+
+
+def test_an_init_runs_on_a_whole_core_and_its_invocations_at_the_memory_share(tmp_path):
+    """On AWS an on-demand environment's init gets a whole vCPU, for up to 10 s; then its
+    invocations get their memory's share. The same busy work takes the init less time
+    than an invocation can (its quota bounds it, whatever else the machine runs)."""
+    function = spec(tmp_path, "", timeout_s=30, memory_mb=128)
+    (tmp_path / "app.py").write_text(BUSY_MODULE)
+    pool = sandbox.Pool(sandbox.cgroup_bases(), dict(os.environ))
+    try:
+        init_wall_s, invocation_wall_s = pool.invoke(function, {})
+    finally:
+        pool.close()
+    assert invocation_wall_s >= BUSY_S / (128 / sandbox.MB_PER_CORE) * 0.9
+    assert init_wall_s < invocation_wall_s / 2, (init_wall_s, invocation_wall_s)
+
+
+def test_the_executors_fire_from_their_sandboxes_each_task_once_over_tls():
     """A webhook task and an SQS task, through the real machine and executors, each in a
-    sandbox that reaches the runtime's services over HTTP; then nothing of it is left."""
-    with runtime_with(lambda_limits=True) as runtime:
+    sandbox that reaches the receiver, moto's services and the DynamoDB process over TLS
+    (certificates from the run's own authority, which only the sandboxes trust); then
+    nothing of it is left."""
+    with (
+        WebhookReceiver(tls=tls.authority().server_context()) as receiver,
+        runtime_with(lambda_limits=True) as runtime,
+    ):
+        assert receiver.url.startswith("https://")
+        reached = runtime.sandboxes.environment
+        for endpoint in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_DYNAMODB"):
+            assert reached[endpoint].startswith("https://127.0.0.1:"), endpoint
         assert [line for line in runtime.sandbox_report() if "256 MB" in line]
         queue = boto3.client("sqs").create_queue(QueueName="sandboxed")["QueueUrl"]
         due_ms = clock.now_ms() + 6000

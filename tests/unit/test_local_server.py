@@ -3,11 +3,18 @@ sandboxes, the DynamoDB process) take a gate's burst: when a batch's gate lets g
 senders open their connections in the same millisecond, and every one is answered."""
 
 import http.client
+import ssl
 import threading
+import urllib.error
+import urllib.request
 
+import pytest
+
+from tocsin.local import tls
 from tocsin.measure.receiver import WebhookReceiver
 
 SENDERS = 300
+UNTRUSTING = ssl.create_default_context()  # the system's authorities only
 
 
 def test_connections_opened_at_once_by_a_batchs_senders_are_each_answered():
@@ -34,3 +41,22 @@ def test_connections_opened_at_once_by_a_batchs_senders_are_each_answered():
             sender.join()
         assert sorted(answers, key=str) == [200] * SENDERS
         assert len(receiver.received()) == SENDERS
+
+
+def test_over_tls_a_stand_in_answers_whom_the_authority_vouches_for_and_no_one_else():
+    """The sandboxes' stand-ins answer over TLS with a certificate for 127.0.0.1 that only
+    a client trusting the run's authority accepts; the DynamoDB process, plain HTTP for the
+    runtime's own clients, is reached through a TLS terminator in front of it."""
+    authority = tls.authority()
+    trusting = ssl.create_default_context(cafile=authority.bundle)
+    with WebhookReceiver() as plain, tls.terminating(plain.url) as forwarded:
+        with WebhookReceiver(tls=authority.server_context()) as direct:
+            for url in (direct.url, forwarded):
+                with urllib.request.urlopen(
+                    urllib.request.Request(f"{url}/tls", data=b"{}"), context=trusting
+                ) as reply:
+                    assert reply.status == 200
+                with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+                    urllib.request.urlopen(f"{url}/tls", data=b"{}", context=UNTRUSTING)
+            assert [a.path for a in direct.received()] == ["/tls"]
+        assert [a.path for a in plain.received()] == ["/tls"]

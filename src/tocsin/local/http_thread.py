@@ -1,5 +1,5 @@
-"""A local HTTP server on a thread of its own, stopped without waiting for its poll, and
-with a listen backlog that takes a burst.
+"""A local HTTP server on a thread of its own, stopped without waiting for its poll, with
+a listen backlog that takes a burst, and over TLS if given a context.
 
 `socketserver`'s `shutdown()` returns once `serve_forever` next looks at its flag, which it
 does between polls of the listening socket, every half second: each local server's stop
@@ -9,16 +9,40 @@ waited that long. Here connections wake the loop until it has seen the flag.
 
 import contextlib
 import socket
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import ThreadingHTTPServer
 from socketserver import BaseServer
+from typing import Any
 
 WAKE_EVERY_S = 0.01
 
 
-class LocalServer(ThreadingHTTPServer):
+class AcceptsTls:
+    """A threading socketserver that answers over TLS when given a context (`tls`), each
+    handshake in the thread that serves its connection: done in accept, one thread would
+    make a burst's handshakes one after another."""
+
+    tls: ssl.SSLContext | None = None
+
+    def get_request(self) -> tuple[Any, Any]:
+        sock, address = super().get_request()  # type: ignore[misc]
+        if self.tls is None:
+            return sock, address
+        return self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if isinstance(request, ssl.SSLSocket):
+            try:
+                request.do_handshake()
+            except OSError:  # a client gone, or plain (a stop wakes the loop with one)
+                return
+        super().finish_request(request, client_address)  # type: ignore[misc]
+
+
+class LocalServer(AcceptsTls, ThreadingHTTPServer):
     """A stand-in for what is another machine on AWS (a webhook's receiver, an AWS
     endpoint): a thread a request, none waited for at the end. socketserver's listen
     backlog of 5 reset most of 500 connections opened at once (338 of them on two cores),

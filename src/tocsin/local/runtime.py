@@ -288,6 +288,12 @@ class EmbeddedRuntime:
 
     # -- what callers use ------------------------------------------------------------------
 
+    def warm(self, logical_id: str, count: int) -> None:
+        """Under Lambda's limits: `count` environments of a sandboxed executor started ahead,
+        idle, as after earlier invocations (see `tocsin.local.sandbox.Pool.warm`)."""
+        assert self.sandboxes is not None, "warm() needs lambda_limits"
+        self.sandboxes.warm(self._sandboxed[logical_id], count)
+
     def invoke(self, logical_id: str, event: Any) -> Any:
         """Run one function of the template on `event`, as Lambda would."""
         from tocsin.observability import metrics
@@ -406,11 +412,15 @@ class EmbeddedRuntime:
 
     def _start_sandboxes(self, template: dict[str, Any]) -> None:
         """Executors run in processes of their own, under Lambda's limits
-        (`tocsin.local.sandbox`); they reach moto's services here over HTTP."""
-        from tocsin.local import sandbox
+        (`tocsin.local.sandbox`); they reach moto's services here and the DynamoDB process
+        over HTTPS, as an executor reaches AWS (`tocsin.local.tls`)."""
+        from tocsin.local import sandbox, tls
 
-        endpoint = self._exits.enter_context(sandbox.serving_moto())
-        environment = dict(os.environ) | {"AWS_ENDPOINT_URL": endpoint}
+        authority = tls.authority()
+        moto = self._exits.enter_context(sandbox.serving_moto(authority.server_context()))
+        dynamodb = self._exits.enter_context(tls.terminating(self.dynamodb.wait_until_ready()))
+        environment = dict(os.environ) | authority.client_environment()
+        environment |= {"AWS_ENDPOINT_URL": moto, "AWS_ENDPOINT_URL_DYNAMODB": dynamodb}
         self.sandboxes = sandbox.Pool(self._cgroup_bases, environment)
         self._exits.callback(self.sandboxes.close)
         for logical_id, code_dir in self._code_dirs.items():

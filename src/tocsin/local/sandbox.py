@@ -7,9 +7,10 @@ process. Here each executor's invocations run in environments that are limited s
 
 An environment is one Python child (`python -m tocsin.local.sandbox <function>`) in a cgroup
 v1 pair of its own: cpu (a CFS quota of MemorySize / 1769 of one core) and memory
-(memory.limit_in_bytes = MemorySize). It imports the handler once (Lambda's init), then
-answers invocations one at a time, as a Lambda execution environment does, until it is
-closed, timed out or killed by its memory limit.
+(memory.limit_in_bytes = MemorySize). It imports the handler once (Lambda's init, which
+gets a whole core, INIT_SHARE), then answers invocations one at a time at its share, as a
+Lambda execution environment does, until it is closed, timed out or killed by its memory
+limit.
 
 Parent -> child: JSON lines on the child's stdin ("go" first, then one invocation a line).
 Child -> parent: JSON lines on a pipe of its own, apart from what the handler prints
@@ -19,12 +20,14 @@ stdin closes (the parent closed it, or died).
 The child reaches DynamoDB through AWS_ENDPOINT_URL_DYNAMODB (the DynamoDB process) and
 every other service through AWS_ENDPOINT_URL: `serving_moto`, a small HTTP server in the
 runtime's process that answers with moto's own request handling (its in-process backends).
+Both over TLS, as on AWS (`tocsin.local.tls`).
 """
 
 import json
 import os
 import select
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -43,6 +46,10 @@ MB_PER_CORE = 1769  # Lambda: one vCPU's worth at 1,769 MB
 PERIOD_US = 100_000  # the CFS period (the kernel's default); the quota is a share of it
 MIN_QUOTA_US = 1000  # the kernel refuses less
 CALIBRATION_MB = 64  # the busy loop's memory cap: it needs a few MB
+# An on-demand environment's init runs on a whole vCPU, not its memory's share, for up to
+# 10 s (AWS's guide "Effectively running Java on Serverless", init phase); its invocations
+# then get the share.
+INIT_SHARE = 1.0
 PREFIX = "tocsin-sandbox"
 
 
@@ -160,9 +167,7 @@ class CgroupPair:
         pair.cpu.mkdir()
         try:
             pair.memory.mkdir()
-            quota = max(MIN_QUOTA_US, round(share * period_us))
-            (pair.cpu / "cpu.cfs_period_us").write_text(str(period_us))
-            (pair.cpu / "cpu.cfs_quota_us").write_text(str(quota))
+            pair.hold_to(share, period_us)
             limit = str(memory_mb * 1024 * 1024)
             (pair.memory / "memory.limit_in_bytes").write_text(limit)
             swap = pair.memory / "memory.memsw.limit_in_bytes"  # no swapping past it either
@@ -172,6 +177,12 @@ class CgroupPair:
             pair.remove()
             raise
         return pair
+
+    def hold_to(self, share: float, period_us: int = PERIOD_US) -> None:
+        """From now on, `share` of a core: a CFS quota of each period."""
+        quota = max(MIN_QUOTA_US, round(share * period_us))
+        (self.cpu / "cpu.cfs_period_us").write_text(str(period_us))
+        (self.cpu / "cpu.cfs_quota_us").write_text(str(quota))
 
     def add(self, pid: int) -> None:
         for group in (self.cpu, self.memory):
@@ -228,9 +239,7 @@ class Environment:
         period_us: int = PERIOD_US,
     ):
         self.spec = spec
-        self.groups = CgroupPair.make(
-            bases, spec.memory_mb / MB_PER_CORE, spec.memory_mb, period_us
-        )
+        self.groups = CgroupPair.make(bases, INIT_SHARE, spec.memory_mb, period_us)
         self.invocations = 0
         self.peak_mb = 0.0  # its cgroup's peak memory, kept when it is closed
         reply_read, reply_write = os.pipe()
@@ -260,7 +269,7 @@ class Environment:
         self._replies = reply_read
         self._buffer = b""
         try:
-            self.groups.add(self.child.pid)  # before the go: init runs under the limits
+            self.groups.add(self.child.pid)  # before the go: init runs in its cgroups
         except BaseException:
             self.close()
             raise
@@ -272,6 +281,7 @@ class Environment:
         if "errorType" in self.init:
             self.close()
             raise FunctionError(self.init["errorType"], self.init["errorMessage"])
+        self.groups.hold_to(spec.memory_mb / MB_PER_CORE, period_us)
 
     def invoke(self, event: Any, request_id: str | None = None) -> Any:
         """The handler's result; FunctionError for its error, a timeout or a memory kill
@@ -353,10 +363,7 @@ class Pool:
             idle = self._idle.setdefault(spec.logical_id, [])
             environment = idle.pop() if idle else None
         if environment is None:
-            environment = Environment(spec, self.bases, self.environment)
-            with self._lock:
-                self._all.add(environment)
-                self.cold_starts += 1
+            environment = self._started(spec)
         try:
             result = environment.invoke(event)
         except FunctionError as error:
@@ -371,6 +378,23 @@ class Pool:
         with self._lock:
             self._idle[spec.logical_id].append(environment)
         return result
+
+    def warm(self, spec: FunctionSpec, count: int) -> None:
+        """`count` idle environments of `spec`, started side by side: as Lambda keeps the
+        environments of earlier invocations, or provisioned concurrency keeps them."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=count, thread_name_prefix="warming") as starting:
+            started = list(starting.map(lambda _: self._started(spec), range(count)))
+        with self._lock:
+            self._idle.setdefault(spec.logical_id, []).extend(started)
+
+    def _started(self, spec: FunctionSpec) -> Environment:
+        environment = Environment(spec, self.bases, self.environment)
+        with self._lock:
+            self._all.add(environment)
+            self.cold_starts += 1
+        return environment
 
     def peak_memory_mb(self) -> float:
         """The most memory any environment of the pool has held (its cgroup's peak)."""
@@ -391,10 +415,10 @@ ENDPOINT_PREFIXES = {"ses": "email"}  # signing name -> endpoint prefix, where t
 
 
 @contextmanager
-def serving_moto() -> Iterator[str]:
-    """This process's moto (its in-process backends, under mock_aws) on a local port, for the
-    children; yields the endpoint URL for AWS_ENDPOINT_URL. Requests are SigV4-signed by
-    the children; the credential scope names the service and region."""
+def serving_moto(tls: ssl.SSLContext) -> Iterator[str]:
+    """This process's moto (its in-process backends, under mock_aws) on a local port over
+    TLS, for the children; yields the endpoint URL for AWS_ENDPOINT_URL. Requests are
+    SigV4-signed by the children; the credential scope names the service and region."""
     from http.server import BaseHTTPRequestHandler
 
     from botocore.awsrequest import AWSPreparedRequest
@@ -456,8 +480,10 @@ def serving_moto() -> Iterator[str]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    with serving_in_thread(LocalServer(("127.0.0.1", 0), Handler), "moto-for-sandboxes") as server:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+    server = LocalServer(("127.0.0.1", 0), Handler)
+    server.tls = tls
+    with serving_in_thread(server, "moto-for-sandboxes"):
+        yield f"https://127.0.0.1:{server.server_address[1]}"
 
 
 # -- calibration ----------------------------------------------------------------------------

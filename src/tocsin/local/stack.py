@@ -37,6 +37,13 @@ def project_root() -> Path:
     raise FileNotFoundError("template.yaml not found: run from the Tocsin project folder")
 
 
+def project_template() -> dict[str, Any]:
+    """template.yaml as SAM's own parser reads it, its language extensions expanded."""
+    from samtranslator.yaml_helper import yaml_parse
+
+    return expand_language_extensions(yaml_parse((project_root() / "template.yaml").read_text()))
+
+
 def translate(
     template_path: Path, parameters: dict[str, str]
 ) -> tuple[dict[str, Any], dict[str, Path]]:

@@ -74,11 +74,14 @@ class Bench:
     cost: Pricing | None = None  # count billed usage and price it so
     tables: str = "moto"  # where the runtimes keep their tables (TABLE_ENGINES)
     lambda_limits: bool = False  # executors in Lambda-sized sandboxes (tocsin.local.sandbox)
+    parameters: dict[str, str] = field(default_factory=dict)  # the caller's, over any scenario's
 
     def runtime(self, parameters: dict[str, str] | None = None, **options: Any) -> EmbeddedRuntime:
-        """A runtime on the bench's tables and limits; no finder ticker unless asked."""
+        """A runtime on the bench's tables and limits, with the caller's template parameters
+        over the scenario's; no finder ticker unless asked."""
         defaults = {"finder_interval_s": None, "lambda_limits": self.lambda_limits}
-        return EmbeddedRuntime(parameters, tables=self.tables, **(defaults | options))
+        given = {**(parameters or {}), **self.parameters}
+        return EmbeddedRuntime(given, tables=self.tables, **(defaults | options))
 
     def size(self, full: int) -> int:
         return max(5, round(full * self.scale))
@@ -646,10 +649,12 @@ def run(
     console: Any,
     tables: str = "moto",
     lambda_limits: bool = False,
+    parameters: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Each named scenario in turn, with progress bars; their figures by name."""
     with progress_bars(console, label_width=22, transient=True) as progress:
         bench = Bench(progress, random.Random(seed), scale, cost, tables, lambda_limits)
+        bench.parameters = parameters or {}
         overall = progress.add_task("scenarios", total=len(names))
         results = {}
         for name in names:
@@ -844,6 +849,7 @@ def main(
     cost: Pricing | None,
     tables: str = "moto",
     lambda_limits: bool = False,
+    parameters: dict[str, str] | None = None,
 ) -> int:
     """Run, report (tables, or JSON as the last line), plot; 1 if a promise broke."""
     import logging
@@ -852,7 +858,7 @@ def main(
 
     logging.getLogger("moto").setLevel(logging.CRITICAL)
     console = Console(stderr=as_json)
-    results = run(names, scale, seed, cost, console, tables, lambda_limits)
+    results = run(names, scale, seed, cost, console, tables, lambda_limits, parameters)
     if plot_path:
         plot(results, plot_path)
     for figures in results.values():

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tocsin.local.stack import expand_language_extensions, project_root
+from tocsin.local.stack import project_root, project_template
 
 BARE = "BareBoto3Handler"
 BARE_SOURCE = """import boto3
@@ -103,17 +103,11 @@ def build_layer(into: Path) -> Path:
     return into / "python"
 
 
-def _template() -> dict[str, Any]:
-    from samtranslator.yaml_helper import yaml_parse
-
-    return expand_language_extensions(yaml_parse((project_root() / "template.yaml").read_text()))
-
-
 def function_folders() -> dict[str, Path]:
     """Each function of the template by logical id, with its code folder."""
     return {
         logical_id: project_root() / resource["Properties"]["CodeUri"]
-        for logical_id, resource in _template()["Resources"].items()
+        for logical_id, resource in project_template()["Resources"].items()
         if resource["Type"] == "AWS::Serverless::Function"
     }
 
@@ -126,7 +120,7 @@ def python_version(python: str) -> str:
         text=True,
         check=True,
     ).stdout.strip()
-    runtime = _template()["Globals"]["Function"]["Runtime"]
+    runtime = project_template()["Globals"]["Function"]["Runtime"]
     if not f"python{version}".startswith(f"{runtime}."):
         raise RuntimeError(f"the layer is built for Python {version}; the template runs {runtime}")
     return version

@@ -1,6 +1,7 @@
 """A webhook receiver on 127.0.0.1: the stopwatch at the far end, where lateness is measured."""
 
 import json
+import ssl
 import subprocess
 import sys
 import threading
@@ -45,18 +46,20 @@ class WebhookReceiver:
     nothing for `hang_s`, or "close": drop the connection), then `status_for[path]`, or 200.
     """
 
-    def __init__(self, port: int = 0, hang_s: float = 15.0):
+    def __init__(self, port: int = 0, hang_s: float = 15.0, tls: ssl.SSLContext | None = None):
         self.arrivals: list[Arrival] = []
         self.status_for: dict[str, int] = {}
         self.script_for: dict[str, list[Reply]] = {}
         self.hang_s = hang_s
         self._lock = threading.Lock()
         self._server = LocalServer(("127.0.0.1", port), self._handler_class())
+        self._server.tls = tls  # HTTPS, as a webhook's receiver on the internet answers
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_port}"
+        scheme = "https" if self._server.tls else "http"
+        return f"{scheme}://127.0.0.1:{self._server.server_port}"
 
     def __enter__(self) -> "WebhookReceiver":
         self._thread.start()
@@ -143,14 +146,25 @@ class WebhookReceiver:
 
 
 class ReceiverProcess:
-    """A WebhookReceiver in a process of its own, answering 200 to every POST.
+    """A WebhookReceiver in a process of its own, answering 200 to every POST; over HTTPS
+    with `tls` (the certificate of `tocsin.local.tls.authority()`).
 
     On AWS the receiver is another machine; here, in the scheduler's process, it would
     share its interpreter lock, and a busy scheduler would delay the stopwatch as well.
     """
 
+    def __init__(self, tls: bool = False):
+        self._context: ssl.SSLContext | None = None
+        self._files: list[str] = []
+        if tls:
+            from tocsin.local.tls import authority
+
+            made = authority()
+            self._context = ssl.create_default_context(cafile=made.bundle)
+            self._files = [str(made.certificate), str(made.key)]
+
     def __enter__(self) -> "ReceiverProcess":
-        command = [sys.executable, "-m", "tocsin.measure.receiver"]
+        command = [sys.executable, "-m", "tocsin.measure.receiver", *self._files]
         self._process = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
@@ -172,11 +186,13 @@ class ReceiverProcess:
         return int(self._get(f"{ARRIVALS_PATH}/tasks"))
 
     def _get(self, path: str) -> Any:
-        with urllib.request.urlopen(self.url + path, timeout=30) as reply:
+        with urllib.request.urlopen(self.url + path, timeout=30, context=self._context) as reply:
             return json.load(reply)
 
 
-if __name__ == "__main__":
-    with WebhookReceiver() as serving:
+if __name__ == "__main__":  # arguments: a certificate chain and its key, for HTTPS
+    from tocsin.local.tls import server_context
+
+    with WebhookReceiver(tls=server_context(*sys.argv[1:3]) if sys.argv[1:] else None) as serving:
         print(serving.url, flush=True)
         sys.stdin.read()
