@@ -273,10 +273,11 @@ class TaskStore:
         """The next version, PENDING with `changes` (its body among them: `put_body`), if
         still unclaimed at `version`; else None.
 
-        The old version's execution fails its claim on the version and does nothing.
+        The old version's execution fails its claim on the version and does nothing. (A
+        PENDING task names no execution: a requeue or a redrive removed its claim's.)
         """
         names, values, sets = _assignments(changes, "c")
-        gone = ", ".join(["execution", *(n for n in (*CONTENT, "body") if n not in changes)])
+        gone = ", ".join(n for n in (*CONTENT, "body") if n not in changes)  # the other form
         return self._update_if_changeable(
             task_id,
             owner,
