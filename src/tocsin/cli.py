@@ -433,7 +433,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _template_parameters(given: list[str]) -> "dict[str, str] | str":
     """`NAME=VALUE` pairs as template parameters; a refusal as text: a name the template
-    does not declare, or a number outside its MinValue and MaxValue."""
+    does not declare, or a value its declaration does not allow."""
     from tocsin.local.stack import project_template
 
     declared = project_template()["Parameters"]
@@ -442,11 +442,24 @@ def _template_parameters(given: list[str]) -> "dict[str, str] | str":
         name, equals, value = pair.partition("=")
         if not equals or name not in declared:
             return f"{pair!r}: give NAME=VALUE, NAME one of the template's parameters"
-        low, high = declared[name].get("MinValue"), declared[name].get("MaxValue")
-        if low is not None and not (value.isdigit() and low <= int(value) <= high):
-            return f"{name}={value}: a whole number from {low} to {high}"
+        if refused := _refusal(declared[name], value):
+            return f"{name}={value}: {refused}"
         parameters[name] = value
     return parameters
+
+
+def _refusal(declaration: dict[str, Any], value: str) -> str | None:
+    """Why a template parameter declared so cannot take `value` (CloudFormation's own
+    checks: a Number's bounds, the allowed values), or None."""
+    allowed = [str(choice) for choice in declaration.get("AllowedValues", [])]
+    if allowed and value not in allowed:
+        return f"one of {', '.join(allowed)}"
+    if declaration["Type"] != "Number":
+        return None
+    low, high = declaration.get("MinValue", 0), declaration.get("MaxValue")
+    if not value.isdigit() or int(value) < low or (high is not None and int(value) > high):
+        return f"a whole number from {low}" + (f" to {high}" if high is not None else " up")
+    return None
 
 
 def _pricing(args: argparse.Namespace) -> "Pricing | str | None":

@@ -254,6 +254,12 @@ def test_a_template_parameter_given_to_the_bench_reaches_every_runtime_over_the_
     assert "error: --parameter: 'Burst=30': give NAME=VALUE" in capsys.readouterr().err
     assert main(["bench", "--scenarios", "sparse", "--parameter", "BurstSendsPerInvocation=0"]) == 2
     assert "BurstSendsPerInvocation=0: a whole number from 1 to 800" in capsys.readouterr().err
+    for pair, why in [
+        ("TableWarmWritesPerSecond=many", "a whole number from 0 up"),  # no MaxValue
+        ("LogLevel=LOUD", "one of DEBUG, INFO, WARNING, ERROR"),
+    ]:
+        assert main(["bench", "--scenarios", "sparse", "--parameter", pair]) == 2
+        assert f"error: --parameter: {pair}: {why}" in capsys.readouterr().err
     given = bench.Bench(None, None, parameters={"BurstSendsPerInvocation": "30"})  # type: ignore[arg-type]
     runtime = given.runtime({"BurstSendsPerInvocation": "15", "LeadMilliseconds": "900"})
     assert runtime.parameters["BurstSendsPerInvocation"] == "30"
