@@ -109,10 +109,15 @@ def pack(tasks: list[DueTask], window_ms: int, batch_size: int, burst_sends: int
     batches = []
     for (task_type, _), members in windows.items():
         size = min(batch_size, WEBHOOK_BATCH_MAX) if task_type is TaskType.WEBHOOK else batch_size
-        burst = burst_sends * (BATCH_ENTRIES if task_type in BATCHED_TYPES else 1)
+        burst = burst_tasks(task_type, burst_sends)
         count = max(-(-len(members) // size), -(-densest(members) // burst))
         batches += [Batch(tuple(members[i::count])) for i in range(count)]
     return sorted(batches)
+
+
+def burst_tasks(task_type: TaskType, burst_sends: int) -> int:
+    """The tasks due within BURST_SPAN_MS that one batch of `task_type` may hold."""
+    return burst_sends * (BATCH_ENTRIES if task_type in BATCHED_TYPES else 1)
 
 
 def densest(tasks: list[DueTask]) -> int:

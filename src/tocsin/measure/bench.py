@@ -653,8 +653,9 @@ def run(
 ) -> dict[str, Any]:
     """Each named scenario in turn, with progress bars; their figures by name."""
     with progress_bars(console, label_width=22, transient=True) as progress:
-        bench = Bench(progress, random.Random(seed), scale, cost, tables, lambda_limits)
-        bench.parameters = parameters or {}
+        bench = Bench(
+            progress, random.Random(seed), scale, cost, tables, lambda_limits, parameters or {}
+        )
         overall = progress.add_task("scenarios", total=len(names))
         results = {}
         for name in names:

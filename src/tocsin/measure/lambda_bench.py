@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING, Any
 import boto3
 
 from tocsin import clock
+from tocsin.dispatch import DueTask, burst_tasks, pack
 from tocsin.local.sandbox import MB_PER_CORE
 from tocsin.measure import placed_long_ago
 from tocsin.measure.demo import PlannedTask, lateness_values, percentile, summarize
 from tocsin.measure.receiver import Arrival, ReceiverProcess, allowing
+from tocsin.model import TaskType
 from tocsin.settings import MAX_PAYLOAD_BYTES, settings
 
 if TYPE_CHECKING:
@@ -54,7 +56,7 @@ def lambda_limits(bench: "Bench") -> dict[str, Any]:
     runs.append(bodies)
     alone = {}  # what each executor of a split burst does, with the machine to itself
     for task_type in TYPES:
-        share = min(_burst(task_type), tasks)
+        share = min(burst_tasks(TaskType(task_type), settings().burst_sends), tasks)
         figures, _, _ = same_millisecond(bench, SIZES_MB[0], task_type, share)
         runs.append(figures)
         alone[task_type] = {**figures["lateness_ms"], "tasks": figures["submitted"]}
@@ -73,14 +75,6 @@ def lambda_limits(bench: "Bench") -> dict[str, Any]:
         "one_invocation": alone,
         "bodies_peak_rss_mb": bodies["peak_rss_mb"],
     }
-
-
-def _burst(task_type: str) -> int:
-    """The tasks due together that one executor takes (BurstSendsPerInvocation's worth)."""
-    from tocsin.model import BATCH_ENTRIES, BATCHED_TYPES, TaskType
-
-    sends = settings().burst_sends
-    return sends * (BATCH_ENTRIES if TaskType(task_type) in BATCHED_TYPES else 1)
 
 
 def same_millisecond(
@@ -126,9 +120,6 @@ def _warmed(runtime: "EmbeddedRuntime", task_type: str, planned: list[PlannedTas
     """An environment for each batch the finder will make of `planned`, started and idle
     before the run, as after earlier bursts: this machine's two cores cannot start dozens
     side by side in the lead, where Lambda starts each on a machine of its own."""
-    from tocsin.dispatch import DueTask, pack
-    from tocsin.model import TaskType
-
     config = settings()
     due = [DueTask(t.due_ms, t.task_id, 1, TaskType(task_type)) for t in planned]
     count = len(pack(due, config.batch_window_ms, config.batch_size, config.burst_sends))
