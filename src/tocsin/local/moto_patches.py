@@ -14,8 +14,10 @@ what the runtime's process starts moto with.
 import base64
 import copy
 import functools
+import hashlib
 import json
 import pickle
+import secrets
 import threading
 import weakref
 from collections import defaultdict
@@ -565,26 +567,20 @@ def json_template_bodies() -> Iterator[None]:
         yield
 
 
-_programs: dict[str, Any] = {}  # oldest first
+_programs: dict[str, Any] = {}  # a definition's parse, (program, tree), oldest first
 PROGRAMS_KEPT = 4  # the runtimes one process runs at once
 _programs_lock = threading.Lock()
 
 
-def _parsed_program(worker: Any) -> Any:
-    return parse_once(worker._evaluation_details.state_machine_details.definition)
-
-
-def parse_once(definition: str) -> Any:
-    """The program of `definition`, parsed on its first use (see `parsed_programs`)."""
-    from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
-
+def _parse_once(parse: Callable[[str], Any], definition: str) -> Any:
+    """moto's parse of `definition`, made on its first use (see `parsed_programs`)."""
     with _programs_lock:
         if definition not in _programs:
-            program = AmazonStateLanguageParser.parse(definition)[0]
-            _make_heap_keys(program, set())
-            if len(_programs) >= PROGRAMS_KEPT:  # each runtime's stack names its functions anew
+            parsed = parse(definition)
+            _make_heap_keys(parsed[0], set())
+            if len(_programs) >= PROGRAMS_KEPT:
                 del _programs[next(iter(_programs))]
-            _programs[definition] = program
+            _programs[definition] = parsed
         return _programs[definition]
 
 
@@ -612,13 +608,68 @@ def _make_heap_keys(part: Any, seen: set[int]) -> None:
 
 @contextmanager
 def parsed_programs() -> Iterator[None]:
-    """moto parses the ASL again for every execution (~190 ms of CPU for the task machine);
-    each definition is parsed once and every execution runs the same program. Its parts
-    keep no state of their own: each execution's lives in its environment, under keys the
-    parts make once (made at parse time here, so no two threads make them at once)."""
-    from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
+    """moto parses the ASL to check a new state machine and again for every execution
+    (~120 ms of CPU each for the task machine); each definition is parsed once, and every
+    execution runs the same program. Its parts keep no state of their own: each
+    execution's lives in its environment, under keys the parts make once (made at parse
+    time here, so no two threads make them at once)."""
+    from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
 
-    with mock.patch.object(ExecutionWorker, "_get_evaluation_entrypoint", _parsed_program):
+    parse = functools.partial(_parse_once, AmazonStateLanguageParser.parse)
+    with mock.patch.object(AmazonStateLanguageParser, "parse", staticmethod(parse)):
+        yield
+
+
+_symmetric_pairs: list[Any] = []  # the pair every symmetric KMS key shares, once made
+
+
+@contextmanager
+def symmetric_keys_share_a_key_pair() -> Iterator[None]:
+    """moto makes a 2,048-bit RSA key pair for every KMS key, a symmetric one too (a pair
+    is only for Sign and Verify, which AWS refuses on symmetric keys): 50 ms of CPU a key,
+    two keys a runtime. Symmetric keys share one pair, made once a process."""
+    from moto.kms import models
+
+    generate = models.generate_private_key
+
+    def generate_once(key_spec: str) -> Any:
+        if key_spec != "SYMMETRIC_DEFAULT":
+            return generate(key_spec)
+        with _programs_lock:
+            if not _symmetric_pairs:
+                _symmetric_pairs.append(generate(key_spec))
+            return _symmetric_pairs[0]
+
+    with mock.patch.object(models, "generate_private_key", generate_once):
+        yield
+
+
+_NAME_SALT = secrets.token_hex(8)  # this process's
+NAMED_IN_THE_MACHINE = ("AWS::Lambda::Function", "AWS::SQS::Queue")
+
+
+@contextmanager
+def stable_resource_names() -> Iterator[None]:
+    """moto's CloudFormation ends a physical name with a random suffix, so each runtime's
+    task machine named its functions and its dead-letter queue anew and was parsed anew
+    (`parsed_programs`): two parses, 40 % of a runtime's start. The suffix of what the
+    machine names comes from the stack's name, the resource's logical id and a salt of this
+    process instead: the runtimes a process starts in turn name them alike, and no two
+    processes do. Tables keep moto's random names: the DynamoDB child goes from one runtime
+    to the next, and an old runtime's late write must find no table of the new one."""
+    from moto.cloudformation import parsing
+
+    generate = parsing.generate_resource_name
+
+    def stable(resource_type: str, stack_name: str, logical_id: str) -> str:
+        if resource_type not in NAMED_IN_THE_MACHINE:
+            return generate(resource_type, stack_name, logical_id)
+        seed = f"{_NAME_SALT}/{stack_name}/{logical_id}".encode()
+        suffix = base64.b32encode(hashlib.blake2b(seed, digest_size=10).digest()).decode()
+        with mock.patch.object(parsing, "random_suffix", lambda: suffix[:12]):
+            return generate(resource_type, stack_name, logical_id)
+
+    with mock.patch.object(parsing, "generate_resource_name", stable):
         yield
 
 
@@ -757,6 +808,25 @@ def waits_until_the_timestamp() -> Iterator[None]:
 LOCAL_ENDPOINTS = r"http://127\.0\.0\.1:\d+/"
 
 
+_loaders: list[Any] = []  # the process's one botocore loader, once made
+
+
+def shared_service_models() -> None:
+    """moto gives each mock a new boto3 session, and with it a new botocore loader: every
+    runtime read and parsed each service's model files again, a fifth of its start. boto3's
+    default session, new as moto made it, reads them through one loader a process."""
+    import boto3
+    import botocore.loaders
+    import botocore.session
+
+    with _programs_lock:
+        if not _loaders:
+            _loaders.append(botocore.loaders.create_loader())
+    session = botocore.session.get_session()
+    session.register_component("data_loader", _loaders[0])
+    boto3.setup_default_session(botocore_session=session)
+
+
 def runtime_config() -> dict[str, Any]:
     """moto's settings in the runtime's process: Step Functions runs the state machines it
     is given, and a request to one of the runtime's own endpoints goes out at once. moto's
@@ -781,6 +851,8 @@ def step_functions_patches(route: Callable[[str, Any, dict[str, str]], bytes]) -
             waits_until_the_timestamp(),
             routed_invokes(route),
             parsed_programs(),
+            stable_resource_names(),
+            symmetric_keys_share_a_key_pair(),
             cached_json_paths(),
             shared_service_clients(),
             no_model_history(),

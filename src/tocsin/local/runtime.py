@@ -221,6 +221,7 @@ class EmbeddedRuntime:
 
         self._exits.enter_context(moto_patches.backends_released())
         self._exits.enter_context(mock_aws(config=moto_patches.runtime_config()))
+        moto_patches.shared_service_models()
         self._patch_backends()
         self._put_gates_first()
         self._forget_process_caches()
@@ -472,7 +473,6 @@ class EmbeddedRuntime:
             roleArn=self.resolve(properties["RoleArn"]),
             type=properties.get("StateMachineType", "STANDARD"),
         )
-        moto_patches.parse_once(definition)  # now, rather than on the first task's clock
 
     # -- moto seams --------------------------------------------------------------------------
 

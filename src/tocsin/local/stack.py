@@ -178,13 +178,11 @@ def create_stack(
     for resource in template["Resources"].values():
         if resource["Type"] == "AWS::StepFunctions::StateMachine":
             substitutions = resource["Properties"].pop("DefinitionSubstitutions", {})
-    boto3.client("cloudformation").create_stack(
-        StackName=STACK_NAME,
-        TemplateBody=json.dumps(template),
-        Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in parameters.items()],
-        Capabilities=["CAPABILITY_IAM", "CAPABILITY_AUTO_EXPAND"],
+    # Straight to moto's backend: the request's URL-encoded template cost 80 ms a start.
+    stack = cloudformation_backends[ACCOUNT_ID][REGION].create_stack(
+        name=STACK_NAME, template=json.dumps(template), parameters=parameters
     )
-    return cloudformation_backends[ACCOUNT_ID][REGION].get_stack(STACK_NAME), substitutions
+    return stack, substitutions
 
 
 def _replace_refs(value: Any, values: dict[str, str]) -> Any:
