@@ -8,6 +8,11 @@ BIN    := $(VENV)/bin
 REGION := us-east-1
 TASKS  ?= 200
 
+# Python keeps what it compiles (.pyc) whatever the environment says (PYTHONDONTWRITEBYTECODE,
+# set on some machines): without it each test process, and each process a test starts,
+# compiled Tocsin, the tests and pytest's plugins again, about 2.7 s of CPU a process.
+unexport PYTHONDONTWRITEBYTECODE
+
 # The functions run on Python 3.13 (template.yaml). Where one is found, as the layer's
 # build finds it, the tests run on it too, in a .venv of its own, from the same locks.
 RUNTIME_VENV   := .venv-313
