@@ -22,6 +22,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.moto_tables,  # the runtime's journal; DynamoDB Local is the other engine
     pytest.mark.xdist_group("dynamodb-local"),
+    pytest.mark.any_python,  # the units are DynamoDB Local's and the meter's, whichever Python
 ]
 KIB = 1024
 
