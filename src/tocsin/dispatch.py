@@ -10,6 +10,7 @@ decides which execution fires a task, not the name.
 """
 
 import hashlib
+import itertools
 import json
 import threading
 import time
@@ -196,13 +197,18 @@ class WakePlan:
         environments, each held from its wake until its last attempt can end, and the
         environments Lambda adds to the batch's executor in any 10 s."""
         config = self.settings
-        claims = self.claims[second]
         return (
             self.wakes[second] < config.wakes_per_second
-            and (claims == 0 or claims + len(batch.tasks) <= config.claims_per_second)
+            and self.has_claims(second, batch)
             and all(self.held[s] < config.concurrency_budget for s in self._holding(second, batch))
             and self._scales_to(second, batch.task_type)
         )
+
+    def has_claims(self, second: int, batch: Batch) -> bool:
+        """Whether the table's writes at `second` leave room for the batch's claims (a
+        batch alone may exceed them)."""
+        claims = self.claims[second]
+        return claims == 0 or claims + len(batch.tasks) <= self.settings.claims_per_second
 
     def add(self, second: int, batch: Batch) -> None:
         self.wakes[second] += 1
@@ -233,13 +239,18 @@ def staggers(batches: list[Batch], settings: Settings, now_ms: int) -> dict[Batc
     holds more environments than `concurrency_budget`: a crowded second overflows to the
     latest one before it that has room (never before now, nor more than MAX_STAGGER_S
     early). A batch that fits nowhere wakes at its own second, where it holds an
-    environment the shortest time. Only the gates then release together."""
+    environment the shortest time, unless the table's writes there are spent: then it
+    wakes at the first later second that has them, and fires late (a claim the table
+    throttles past its retries would fail it). Only the gates then release together; a
+    negative stagger is a late wake."""
     plan = WakePlan(settings)
     stagger = {}
     for batch in sorted(batches):
         own = wake_ms(batch, settings) // 1000
         earliest = max(own - MAX_STAGGER_S, now_ms // 1000)
-        second = next((s for s in range(own, earliest - 1, -1) if plan.fits(s, batch)), own)
+        second = next((s for s in range(own, earliest - 1, -1) if plan.fits(s, batch)), None)
+        if second is None:
+            second = next(s for s in itertools.count(own) if plan.has_claims(s, batch))
         plan.add(second, batch)
         stagger[batch] = own - second
     return stagger

@@ -10,13 +10,13 @@ import heapq
 import time
 from collections.abc import Iterator
 
-from tocsin import clock
+from tocsin import aws, clock
 from tocsin.dispatch import DueTask, dispatch_all, due_task, look_again_now
 from tocsin.index_keys import LOOK_AFTER_MS, writers_own
 from tocsin.occurrences import made_tasks, materialize_due
 from tocsin.reconcile import ReconcileReport, reconcile
 from tocsin.settings import Settings
-from tocsin.store import TaskStore
+from tocsin.store import DUE_INDEX, TaskStore
 
 HORIZON = "finder_ms"  # every task due up to it is started, or is its writer's to start
 # Where a finder with no horizon yet (a new stack) starts reading: the reconciler looks at
@@ -50,6 +50,17 @@ def settle_stuck(settings: Settings, budget_s: float) -> ReconcileReport:
     return reconcile(settings, clock.now_ms(), time.monotonic() + budget_s * RECONCILE_SHARE)
 
 
+def at_the_tables_rate(settings: Settings) -> Settings:
+    """`settings` with the write units the Tasks table and its due index are provisioned
+    for now (a claim writes both; auto scaling moves them), so that the wake plan spreads a
+    crowded second's claims within them. An on-demand table reports none: its plan keeps
+    the rate of `Settings.claims_per_second`."""
+    table = aws.client("dynamodb").describe_table(TableName=settings.tasks_table)["Table"]
+    due_index = [i for i in table["GlobalSecondaryIndexes"] if i["IndexName"] == DUE_INDEX]
+    units = [part["ProvisionedThroughput"]["WriteCapacityUnits"] for part in [table, *due_index]]
+    return settings.model_copy(update={"provisioned_writes_per_second": min(units)})
+
+
 def run_finder(settings: Settings, budget_s: float) -> dict[str, int]:
     """One finder run: tasks not settled in time looked at, schedules' occurrences made
     tasks and started, then what is due by now + look-ahead past the horizon, started
@@ -69,7 +80,7 @@ def run_finder(settings: Settings, budget_s: float) -> dict[str, int]:
     until = now + settings.lookahead_s * 1000
     horizon = store.horizon(HORIZON)
     found = find_due(settings, now - FIRST_LOOK_BACK_MS if horizon is None else horizon, until)
-    report = dispatch_all(sorted({*found, *made}), settings, deadline)
+    report = dispatch_all(sorted({*found, *made}), at_the_tables_rate(settings), deadline)
     look_again_now(tuple(set(report.left) & set(made)), settings)
     left = set(report.left) & set(found)
     store.advance_horizon(HORIZON, min((t.due_ms - 1 for t in left), default=until))

@@ -30,6 +30,9 @@ class Settings(BaseModel):
     wakes_per_second: int = Field(300, alias="WAKES_PER_SECOND", ge=1)
     concurrency_budget: int = Field(900, alias="CONCURRENCY_BUDGET", ge=1, le=10_000)
     table_warm_writes_per_second: int = Field(0, alias="TABLE_WARM_WRITES_PER_SECOND", ge=0)
+    # With provisioned capacity: the write units the Tasks table and its due index have now,
+    # as the finder reads them at each run (`tocsin.finder.at_the_tables_rate`); 0 on demand.
+    provisioned_writes_per_second: int = Field(0, alias="PROVISIONED_WRITES_PER_SECOND", ge=0)
     batch_window_ms: int = Field(1000, alias="BATCH_WINDOW_MS", ge=1, le=10_000)
     batch_size: int = Field(500, alias="BATCH_SIZE", ge=1, le=BATCH_SIZE_LIMIT)
     burst_sends: int = Field(15, alias="BURST_SENDS_PER_INVOCATION", ge=1, le=BATCH_SIZE_LIMIT)
@@ -55,7 +58,9 @@ class Settings(BaseModel):
     @property
     def claims_per_second(self) -> int:
         """Tasks the executors may claim in one second: one write each on the Tasks table,
-        at the rate the table is warmed for."""
+        at the rate it is provisioned for, or on demand at the rate it is warmed for."""
+        if self.provisioned_writes_per_second:
+            return self.provisioned_writes_per_second
         return max(self.table_warm_writes_per_second, NEW_TABLE_WRITES_PER_SECOND)
 
     def expires_at(self, due_ms: int) -> int:

@@ -117,6 +117,28 @@ def test_a_crowded_second_overflows_earlier_only_into_environments_to_spare():
     assert [stagger[b] for b in three] == [0, 1, 2]
 
 
+def test_claims_beyond_the_tables_write_units_wake_late_rather_than_be_throttled():
+    """A provisioned table takes its write units a second: a crowded second's claims go
+    earlier while a second from now on has room, then later, and fire late (a claim the
+    table throttled past its retries failed its task). Only the claims make a batch late."""
+    config = Settings(LEAD_MS=2000, PROVISIONED_WRITES_PER_SECOND=10)
+    due = 1_800_000_010_000
+    batches = [
+        Batch(tuple(DueTask(due, f"b{b}t{t}", 1, TaskType.WEBHOOK) for t in range(10)))
+        for b in range(6)
+    ]
+    own = wake_ms(batches[0], config) // 1000
+    stagger = staggers(batches, config, now_ms=(own - 1) * 1000)
+    assert sorted(stagger.values()) == [-4, -3, -2, -1, 0, 1]
+    latest = min(batches, key=stagger.__getitem__)
+    assert execution_input(latest, config, stagger[latest])["wake_at"] == clock.to_iso_second(
+        (own + 4) * 1000
+    )
+    assert (own + 4) * 1000 > due  # its tasks fire when it wakes, a second late
+    on_demand = Settings(LEAD_MS=2000)
+    assert set(staggers(batches, on_demand, now_ms=(own - 1) * 1000).values()) == {0}
+
+
 def test_a_batch_wakes_earlier_by_the_preparation_of_each_task_beyond_its_first():
     config = Settings(LEAD_MS=2000, PREPARE_MS_PER_TASK=10)
     due = 1_800_000_010_000
