@@ -603,3 +603,28 @@ def test_a_superseded_attempts_late_final_mark_is_refused_and_nothing_sent_again
     item = stored(task_id)
     assert item["status"] == "SUCCEEDED"
     assert receiver.received() == [sent_first]  # one send: the retry read the sent log
+
+
+def test_each_send_whose_task_changed_under_its_claim_is_counted_unrecorded(runtime, receiver):
+    """Both tasks of a batch are sent, and before each final mark a later attempt takes the
+    task over (as a retry does once a lease is over): the table refuses both marks, and the
+    invocation's answer counts each send it could not record, for the operator's metric."""
+    ids = store_pending(receiver.url, 2, -200, "unrecorded")
+    event = batch_event(ids[0])
+    event["tasks"] += batch_event(ids[1])["tasks"]
+    unhooked = boto3.client("dynamodb")  # another client: its calls meet no hook of this test
+
+    def taken_over_first(params: dict, **_: object) -> None:
+        if ":status" in params.get("ExpressionAttributeValues", {}):
+            unhooked.update_item(
+                TableName=params["TableName"],
+                Key={"task_id": {"S": params["Key"]["task_id"]}},
+                UpdateExpression="SET attempt = :later",
+                ExpressionAttributeValues={":later": {"S": "a-later-attempt"}},
+            )
+
+    with hooked(tables(), ("before-parameter-build.dynamodb.UpdateItem", taken_over_first)):
+        answer = runtime.invoke("WebhookExecutorFunction", event)
+    assert answer == {"tasks": 2, "claimed": 2, "fired": 2, "unrecorded": 2}
+    assert sorted(a.task_id for a in receiver.received()) == ids
+    assert {stored(task_id)["status"] for task_id in ids} == {"RUNNING"}  # the later attempt's
