@@ -56,8 +56,10 @@ def at_the_tables_rate(settings: Settings) -> Settings:
     crowded second's claims within them. An on-demand table reports none: its plan keeps
     the rate of `Settings.claims_per_second`."""
     table = aws.client("dynamodb").describe_table(TableName=settings.tasks_table)["Table"]
-    due_index = [i for i in table["GlobalSecondaryIndexes"] if i["IndexName"] == DUE_INDEX]
-    units = [part["ProvisionedThroughput"]["WriteCapacityUnits"] for part in [table, *due_index]]
+    indexes = table.get("GlobalSecondaryIndexes", [])
+    parts = [table, *(index for index in indexes if index["IndexName"] == DUE_INDEX)]
+    # DynamoDB Local leaves out an on-demand table's throughput (AWS answers 0 units)
+    units = [part.get("ProvisionedThroughput", {}).get("WriteCapacityUnits", 0) for part in parts]
     return settings.model_copy(update={"provisioned_writes_per_second": min(units)})
 
 
