@@ -620,7 +620,12 @@ def parsed_programs() -> Iterator[None]:
         yield
 
 
-_symmetric_pairs: list[Any] = []  # the pair every symmetric KMS key shares, once made
+@functools.cache
+def _symmetric_pair() -> Any:
+    """The key pair every symmetric KMS key shares, made once a process."""
+    from moto.kms.utils import generate_private_key
+
+    return generate_private_key("SYMMETRIC_DEFAULT")
 
 
 @contextmanager
@@ -632,15 +637,10 @@ def symmetric_keys_share_a_key_pair() -> Iterator[None]:
 
     generate = models.generate_private_key
 
-    def generate_once(key_spec: str) -> Any:
-        if key_spec != "SYMMETRIC_DEFAULT":
-            return generate(key_spec)
-        with _programs_lock:
-            if not _symmetric_pairs:
-                _symmetric_pairs.append(generate(key_spec))
-            return _symmetric_pairs[0]
+    def shared_if_symmetric(key_spec: str) -> Any:
+        return _symmetric_pair() if key_spec == "SYMMETRIC_DEFAULT" else generate(key_spec)
 
-    with mock.patch.object(models, "generate_private_key", generate_once):
+    with mock.patch.object(models, "generate_private_key", shared_if_symmetric):
         yield
 
 
@@ -808,7 +808,12 @@ def waits_until_the_timestamp() -> Iterator[None]:
 LOCAL_ENDPOINTS = r"http://127\.0\.0\.1:\d+/"
 
 
-_loaders: list[Any] = []  # the process's one botocore loader, once made
+@functools.cache
+def _service_models() -> Any:
+    """The process's one botocore loader (see `shared_service_models`)."""
+    import botocore.loaders
+
+    return botocore.loaders.create_loader()
 
 
 def shared_service_models() -> None:
@@ -816,14 +821,10 @@ def shared_service_models() -> None:
     runtime read and parsed each service's model files again, a fifth of its start. boto3's
     default session, new as moto made it, reads them through one loader a process."""
     import boto3
-    import botocore.loaders
     import botocore.session
 
-    with _programs_lock:
-        if not _loaders:
-            _loaders.append(botocore.loaders.create_loader())
     session = botocore.session.get_session()
-    session.register_component("data_loader", _loaders[0])
+    session.register_component("data_loader", _service_models())
     boto3.setup_default_session(botocore_session=session)
 
 
