@@ -29,6 +29,7 @@ from tocsin import aws, clock
 from tocsin.dispatch import execution_arn
 from tocsin.finder import HORIZON
 from tocsin.index_keys import LETTER_GRACE_MS, LOOK_AFTER_MS, check_keys
+from tocsin.model import TaskStatus
 from tocsin.reconcile import CHECK_AGAIN_MS, MAX_REQUEUES, reconcile
 from tocsin.settings import settings
 from tocsin.store import TaskStore
@@ -122,6 +123,27 @@ def test_a_task_whose_execution_still_runs_is_looked_at_again_later(runtime, rec
     assert item["status"] == "RUNNING" and item["gsi_pk"].startswith("check-")
     assert int(item["gsi_due_ms"]) > clock.now_ms() + CHECK_AGAIN_MS - 60_000
     assert reconcile(settings(), clock.now_ms() + 60_000).tasks == []  # not before then
+
+
+def test_a_task_that_succeeds_after_a_look_leaves_the_check_shards_at_the_next(runtime, receiver):
+    """A task looked at while its execution still ran keeps its check entry when it succeeds
+    (the executor's final mark leaves the index alone); the next run takes it out, so no run
+    after reads it again."""
+    [task_id] = store_pending(receiver.url, 1, 15_000, "finished-later")
+    assert runtime.run_finder()["started"] == 1
+    assert claim_as(f"{task_id}-v1", task_id).before
+    assert [str(o) for _, o in reconcile(settings(), past_check_time(task_id)).tasks] == [
+        "still_running"
+    ]
+    stop_executions()  # its wake would find the claim held; the mark stands for its send
+    store = TaskStore(settings().tasks_table)
+    fired = {"fired_at": clock.to_iso(clock.now_ms())}
+    assert store.finish(task_id, 1, TEST_ATTEMPT, TaskStatus.SUCCEEDED, fired)
+    look = int(stored(task_id)["gsi_due_ms"])
+    assert stored(task_id)["gsi_pk"].startswith("check-")
+    assert reconcile(settings(), look + 1).tasks == []
+    item = stored(task_id)
+    assert item["status"] == "SUCCEEDED" and "gsi_pk" not in item and "gsi_due_ms" not in item
 
 
 @contextmanager
