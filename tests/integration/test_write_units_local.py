@@ -4,8 +4,10 @@ reschedule, a schedule's occurrences and its delete; payloads of 0.5, 10 and 200
 replayed there, in the order the embedded runtime served it, and each must be billed the
 same units on the table and on each index. DynamoDB Local says nothing of a write its
 condition refuses, which AWS bills (one unit at least: DynamoDB's developer guide, read and
-write operations); those the meter bills, and they are not replayed."""
+write operations); those the meter bills, and they are not replayed. The largest task
+kept inline is among them: its claim and final mark must be one unit each."""
 
+import json
 import shutil
 from collections import Counter
 from typing import Any
@@ -13,8 +15,9 @@ from typing import Any
 import boto3
 import pytest
 
-from tests.conftest import call_api, wait_for_status, webhook_task
+from tests.conftest import all_tasks, call_api, wait_for_status, webhook_task
 from tocsin import clock
+from tocsin.bodies import INLINE_BYTES
 from tocsin.local.dynamodb_local import DynamoDBLocal, jar
 from tocsin.local.dynamodb_process import create_tables
 
@@ -35,9 +38,10 @@ def dynamodb_local() -> Any:
         yield local
 
 
-def lives(runtime, receiver) -> None:
+def lives(runtime, receiver) -> str:
     """Tasks fired with payloads of three sizes, one cancelled, one rescheduled with a new
-    payload, and a schedule whose occurrences become tasks, then go with it."""
+    payload, a schedule whose occurrences become tasks, then go with it, and the largest task
+    kept inline, fired (its id)."""
     soon = clock.now_ms() + 1500
     for size in (KIB // 2, 10 * KIB, 200 * KIB):
         blob = "x" * (size - 20)  # the payload's JSON, at most MAX_PAYLOAD_BYTES
@@ -59,10 +63,41 @@ def lives(runtime, receiver) -> None:
         "payload": {"blob": "s" * KIB},
     }
     assert call_api(runtime, "POST", "/schedules", schedule)[0] == 201
+    largest = largest_inline_occurrence(runtime)
     runtime.run_finder()
     assert call_api(runtime, "DELETE", "/schedules/tick")[0] == 200
     for size in (KIB // 2, 10 * KIB, 200 * KIB):
         wait_for_status(f"fired-{size}", {"SUCCEEDED"})
+    [occurrence] = [t for t in all_tasks() if t.get("schedule_id") == largest]
+    assert "body" not in occurrence  # inline, at the limit
+    assert wait_for_status(occurrence["task_id"], {"SUCCEEDED"})["result"]
+    return occurrence["task_id"]
+
+
+# The largest item a task fired on its first try can be: a schedule's occurrence (its id
+# and the schedule's), the longest owner AWS can name (a federated user: account and 32
+# characters), an email (SES's 60-character message id is the longest result), a target and
+# payload of INLINE_BYTES exactly.
+LONGEST_OWNER = "123456789012:" + "f" * 32
+
+
+def largest_inline_occurrence(runtime) -> str:
+    """An email schedule whose first occurrence is the largest task kept inline; its id."""
+    boto3.client("ses").verify_email_identity(EmailAddress="scheduler@example.com")
+    schedule_id = "L" * 48  # SCHEDULE_ID_PATTERN's longest
+    target = {"source": "scheduler@example.com", "to": ["user@example.com"], "subject": "Hi"}
+    stored_target = json.dumps(target, separators=(",", ":"))
+    text = "x" * (INLINE_BYTES - len(stored_target) - 2)  # the payload, stored as JSON
+    schedule = {
+        "id": schedule_id,
+        "expression": "rate(1 hour)",
+        "start_at": clock.to_iso(clock.now_ms() + 2500),
+        "type": "email",
+        "target": target,
+        "payload": text,
+    }
+    assert call_api(runtime, "POST", "/schedules", schedule, LONGEST_OWNER)[0] == 201
+    return schedule_id
 
 
 def billed_there(consumed: Any) -> Counter[str]:
@@ -81,7 +116,7 @@ def test_each_write_of_a_tasks_life_is_billed_what_dynamodb_local_bills(
     runtime, receiver, dynamodb_local
 ):
     runtime.dynamodb.keep_journal()
-    lives(runtime, receiver)
+    largest = lives(runtime, receiver)
     journal = runtime.dynamodb.journal()
     here = boto3.client("dynamodb")
     tables = [
@@ -91,6 +126,7 @@ def test_each_write_of_a_tasks_life_is_billed_what_dynamodb_local_bills(
     there = boto3.client("dynamodb", endpoint_url=dynamodb_local.endpoint)
     replayed: Counter[str] = Counter()
     refused = 0
+    largest_units: list[int] = []
     for write in journal:
         ours = Counter(write["billed"])
         if write["status"] >= 400:  # refused by its condition: billed, changed nothing
@@ -101,6 +137,10 @@ def test_each_write_of_a_tasks_life_is_billed_what_dynamodb_local_bills(
         reply = getattr(there, call.lstrip("_"))(**write["body"], ReturnConsumedCapacity="INDEXES")
         assert billed_there(reply["ConsumedCapacity"]) == +ours, write
         replayed[write["action"]] += 1
+        if write["action"] == "UpdateItem" and write["body"]["Key"]["task_id"]["S"] == largest:
+            largest_units.append(billed_there(reply["ConsumedCapacity"])["table"])
+    # the largest inline task's claim and final mark: one unit each, there too
+    assert len(largest_units) >= 2 and set(largest_units) == {1}, largest_units
     # every kind of write a task's life makes was among them
     assert {"PutItem", "UpdateItem", "TransactWriteItems"} <= set(replayed), replayed
     assert sum(replayed.values()) >= 20 and refused < len(journal)
