@@ -50,9 +50,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     grouping = getattr(config.option, "loadgroup", False)
     for item in items:
         nodeid = item.nodeid
-        module, _, name = nodeid.rpartition("::")
-        if "[" in item.name and "[" not in name:
-            nodeid = f"{module}::{item.name}"
+        if "[" in item.name and not nodeid.endswith(item.name):  # a parameter may hold "::"
+            nodeid = f"{nodeid.rpartition('::')[0]}::{item.name}"
         groups = sorted({str(mark.args[0]) for mark in item.iter_markers("xdist_group")})
         if grouping and groups and "@" not in nodeid.rpartition("]")[2]:
             nodeid = f"{nodeid}@{'_'.join(groups)}"

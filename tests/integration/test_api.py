@@ -97,7 +97,12 @@ OTHER_PRINCIPALS = [
 ]
 
 
-@pytest.mark.parametrize(("owner", "other"), OTHER_PRINCIPALS)
+# Named, not by their values: an ARN's "::" in a test's id reads as a path's separator.
+@pytest.mark.parametrize(
+    ("owner", "other"),
+    OTHER_PRINCIPALS,
+    ids=["local-name", "iam-user-id", "role-session-id", "federated-user", "iam-user-arn"],
+)
 def test_another_principal_can_neither_see_nor_change_a_task_on_any_route(runtime, owner, other):
     for i in range(3):
         call_api(runtime, "POST", "/tasks", sns_task(f"t-{i}", due_in_ms=HOUR_MS * (i + 1)), owner)
@@ -139,6 +144,7 @@ def test_another_principal_can_neither_see_nor_change_a_task_on_any_route(runtim
             "arn:aws:sts::123456789012:assumed-role/Deployer/session-2",
         ),
     ],
+    ids=["role-session-id", "assumed-role-arn"],
 )
 def test_a_role_sees_its_tasks_from_every_session(runtime, session, another):
     call_api(runtime, "POST", "/tasks", sns_task(), principal=session)
