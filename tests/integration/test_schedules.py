@@ -268,6 +268,28 @@ def test_each_owner_sees_only_their_schedules_and_occurrences(runtime, receiver)
     assert call_api(runtime, "GET", "/schedules/tick/upcoming?count=101")[0] == 400
 
 
+def test_a_schedules_last_fired_is_its_latest_send_behind_occurrences_that_sent_nothing(
+    runtime, receiver
+):
+    """`last_fired_at` reads the schedule's occurrences due by now, newest first, page after
+    page: behind fifteen that sent nothing (more than a page), the latest of the two that
+    fired; another owner's occurrence under the same id, and one not yet due, are not it."""
+    start = clock.now_ms() + 3_600_000  # no occurrence of its own while the test runs
+    call_api(runtime, "POST", "/schedules", every_two_seconds(receiver.url, start), "alice")
+    now = clock.now_ms()
+    history = [(now - 60_000 - k, "alice", None) for k in range(15)]  # failed: sent nothing
+    history += [(now - 90_000, "alice", "2026-01-01T00:00:02.000Z")]
+    history += [(now - 91_000, "alice", "2026-01-01T00:00:03.000Z")]  # later, if due earlier
+    history += [(now - 30_000, "bob", "2026-06-01T00:00:00.000Z"), (now + 60_000, "alice", None)]
+    table = aws.resource("dynamodb").Table(settings().tasks_table)
+    for due_ms, owner, fired_at in history:
+        item = {"task_id": f"tick.{due_ms}", "schedule_id": "tick", "due_ms": due_ms}
+        item |= {"owner": owner, "status": "SUCCEEDED" if fired_at else "FAILED"}
+        table.put_item(Item=item | ({"fired_at": fired_at} if fired_at else {}))
+    status, read = call_api(runtime, "GET", "/schedules/tick")
+    assert status == 200 and read["last_fired_at"] == "2026-01-01T00:00:03.000Z"
+
+
 def test_sample_schedule_events_run_through_the_handler_in_order(runtime):
     replies = {}
     for name in ("create", "get", "upcoming", "list", "pause", "delete"):
