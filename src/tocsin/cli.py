@@ -401,8 +401,13 @@ def _scenario_names(given: str | None, default: list[str], known: list[str]) -> 
 def _chaos(args: argparse.Namespace) -> int:
     from tocsin.measure import chaos
 
-    names = _scenario_names(args.scenarios, list(chaos.SCENARIOS), list(chaos.SCENARIOS))
+    known = list(chaos.SCENARIOS)
+    runnable = [n for n in known if args.lambda_limits or n not in chaos.SANDBOXED]
+    names = _scenario_names(args.scenarios, runnable, known)
     if names is None:
+        return 2
+    if not args.lambda_limits and (sandboxed := sorted(set(names) & chaos.SANDBOXED)):
+        print(f"{', '.join(sandboxed)} kills sandboxes: add --lambda-limits", file=sys.stderr)
         return 2
     return chaos.main(names, args.tasks, args.seed, args.json, args.lambda_limits)
 

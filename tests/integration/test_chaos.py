@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import last_json
 from tocsin.cli import main
+from tocsin.local import sandbox
 from tocsin.measure import chaos
 from tocsin.measure.chaos import HOLES, SCENARIOS, run_scenario
 
@@ -57,7 +58,9 @@ def group(name: str) -> pytest.MarkDecorator:
     return pytest.mark.xdist_group(GROUPS.get(name, f"chaos-{name}"))
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=group(n)) for n in sorted(SCENARIOS)])
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=group(n)) for n in sorted(set(SCENARIOS) - chaos.SANDBOXED)]
+)
 def test_scenario_loses_duplicates_and_hurries_nothing(name):
     result = result_of(name)
     assert {k: result[k] for k in ZERO} == ZERO, result
@@ -116,6 +119,34 @@ def test_chaos_command_prints_one_json_object_last(capsys):
     assert code == 0 and set(result) == {"racing-finders"}
     assert {k: result["racing-finders"][k] for k in ZERO} == ZERO
     assert result["racing-finders"]["faults_met"]["tasks_raced"] == 6
+
+
+def cgroups_refused() -> str:
+    """Why this machine cannot run sandboxes ("" if it can)."""
+    try:
+        sandbox.cgroup_bases()
+    except sandbox.LimitsUnavailable as refused:
+        return str(refused)
+    return ""
+
+
+@pytest.mark.xdist_group("chaos-lambda-kills")
+@pytest.mark.skipif(bool(cgroups_refused()), reason=f"no sandbox here: {cgroups_refused()}")
+def test_sandboxes_killed_mid_send_lose_nothing_and_deliver_again_only_what_they_had_sent():
+    """Sandboxes frozen to their timeout and out of memory while they send, and final
+    marks that hang: nothing lost, early or doubled but where a dead invocation may have
+    sent, and the tasks it left RUNNING requeued once their leases are over."""
+    result = run_scenario("lambda-kills", tasks=15, seed=3, lambda_limits=True)
+    assert {k: result[k] for k in ZERO} == ZERO, result
+    assert result["fired"] == result["tasks"] == 15
+    met = result["faults_met"]
+    assert set(met) >= {"frozen_until_its_timeout", "out_of_memory", "final_marks_hung"}, met
+    assert all(n > 0 for n in met.values()), met
+
+
+def test_a_scenario_that_kills_sandboxes_is_refused_without_them(capsys):
+    assert main(["chaos", "--scenarios", "lambda-kills", "--tasks", "6"]) == 2
+    assert "--lambda-limits" in capsys.readouterr().err
 
 
 def test_chaos_command_names_unknown_scenarios(capsys):

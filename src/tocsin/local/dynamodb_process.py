@@ -62,12 +62,15 @@ GC_THRESHOLDS = (10_000, 50, 100)
 class Fault:
     """An error DynamoDB can answer with, and the share of requests that get it; with
     `after_commit`, the request is carried out first (an ambiguous write: it committed,
-    and the caller sees a failure)."""
+    and the caller sees a failure); with `hang_s`, it is neither carried out nor answered
+    (a write that hangs)."""
 
     code: str
     status: int
     share: float
     after_commit: bool = False
+    hang_s: float = 0.0  # instead of an error, no answer for this long, then a dropped line
+    when: str = ""  # only requests whose body holds this text (`":status"`: a final mark)
 
 
 def process_usage() -> dict[str, float]:
@@ -92,11 +95,13 @@ class _Service:
     cpu_s_before: float = 0.0  # the process's CPU seconds at the last reset
     journal: list[dict[str, Any]] | None = None  # the writes served, once asked to keep them
 
-    def fault_for(self, action: str) -> Fault | None:
+    def fault_for(self, action: str, body: bytes) -> Fault | None:
         """Under the lock: count the request, and pick the fault it meets, if any."""
         self.requests[action] += 1
         roll, below = self.rng.random(), 0.0
         for fault in self.faults.get(action, []):
+            if fault.when.encode() not in body:
+                continue
             below += fault.share
             if roll < below:
                 self.injected[fault.code] += 1
@@ -195,7 +200,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(200, {}, json.dumps(self.service.usage()).encode())
 
     def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        length = int(self.headers.get("content-length", 0))
+        body = self.rfile.read(length)
+        if len(body) < length:  # the caller went away mid-request (a killed sandbox's)
+            self.close_connection = True
+            return None
         if self.path == FAULTS_PATH:
             return self._set_faults(json.loads(body))
         if self.path == RESET_PATH:
@@ -208,7 +217,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._reply(200, {}, b"{}")
         action = self.headers.get("x-amz-target", "").rpartition(".")[2]
         with self.service.lock:
-            fault = self.service.fault_for(action)
+            fault = self.service.fault_for(action, body)
             if fault is None or fault.after_commit:
                 meter = self.service.meter()
                 written = json.loads(body) if action in WRITES and body else {}
@@ -221,6 +230,10 @@ class _Handler(BaseHTTPRequestHandler):
                         {"action": action, "body": written, "status": status}
                         | {"billed": dict(meter.billed - billed)}
                     )
+        if fault is not None and fault.hang_s:
+            time.sleep(fault.hang_s)
+            self.close_connection = True
+            return None
         if fault is not None:
             error = {"__type": ERROR_TYPE_PREFIX + fault.code, "message": "injected fault"}
             headers = {"x-amzn-RequestId": str(uuid.uuid4())}  # as every AWS answer has

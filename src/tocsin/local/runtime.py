@@ -50,7 +50,7 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -288,6 +288,13 @@ class EmbeddedRuntime:
         self._exits.callback(gc.unfreeze)
 
     # -- what callers use ------------------------------------------------------------------
+
+    def time_out_at(self, logical_id: str, timeout_s: float) -> None:
+        """From its next invocation, the function ends at `timeout_s`, in a sandbox or not
+        (a scenario that waits for a timeout need not wait the template's)."""
+        self.functions[logical_id] = replace(self.functions[logical_id], timeout_s=timeout_s)
+        if logical_id in self._sandboxed:
+            self._sandboxed[logical_id] = replace(self._sandboxed[logical_id], timeout_s=timeout_s)
 
     def warm(self, logical_id: str, count: int) -> None:
         """Under Lambda's limits: `count` environments of a sandboxed executor started ahead,

@@ -241,6 +241,7 @@ class Environment:
         self.spec = spec
         self.groups = CgroupPair.make(bases, INIT_SHARE, spec.memory_mb, period_us)
         self.invocations = 0
+        self.running: Any = None  # the event of the invocation under way, if any
         self.peak_mb = 0.0  # its cgroup's peak memory, kept when it is closed
         reply_read, reply_write = os.pipe()
         env = {
@@ -292,7 +293,11 @@ class Environment:
         self._send(
             {"event": event, "started": started, "request_id": request_id or str(uuid.uuid4())}
         )
-        reply = self._reply(deadline)
+        self.running = event
+        try:
+            reply = self._reply(deadline)
+        finally:
+            self.running = None
         if "errorType" in reply:
             raise FunctionError(reply["errorType"], reply["errorMessage"])
         return reply["result"]
@@ -396,6 +401,13 @@ class Pool:
             self.cold_starts += 1
         return environment
 
+    def busy(self, logical_id: str) -> list[Environment]:
+        """The environments of a function with an invocation under way."""
+        with self._lock:
+            return [
+                e for e in self._all if e.spec.logical_id == logical_id and e.running is not None
+            ]
+
     def peak_memory_mb(self) -> float:
         """The most memory any environment of the pool has held (its cgroup's peak)."""
         with self._lock:
@@ -444,7 +456,11 @@ def serving_moto(tls: ssl.SSLContext) -> Iterator[str]:
             self._answer()
 
         def _answer(self) -> None:
-            body = self.rfile.read(int(self.headers.get("content-length", 0)))
+            length = int(self.headers.get("content-length", 0))
+            body = self.rfile.read(length)
+            if len(body) < length:  # the sandbox was killed mid-request: no one to answer
+                self.close_connection = True
+                return None
             scope = self.headers.get("authorization", "").split("Credential=", 1)[-1]
             try:
                 _, _, region, service, _ = scope.split(",", 1)[0].split("/")

@@ -10,14 +10,16 @@ FAILED task with no dead-letter message holding its error).
 """
 
 import json
+import os
 import random
+import signal
 import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -31,11 +33,13 @@ from tocsin import aws, clock
 from tocsin.dispatch import Batch, due_task, execution_arn
 from tocsin.executor import TableUnavailable
 from tocsin.finder import HORIZON as FINDER_HORIZON
+from tocsin.index_keys import LOOK_AFTER_MS
 from tocsin.local.dynamodb_process import Fault
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.local.server import api_event
 from tocsin.measure import placed_long_ago
 from tocsin.measure.receiver import WebhookReceiver, allowing
+from tocsin.reconcile import Reconciled, reconcile
 from tocsin.sent import SentLog
 from tocsin.settings import settings
 from tocsin.store import DUE_INDEX, HORIZONS_KEY
@@ -60,6 +64,9 @@ class Trial:
     due: dict[str, int] = field(default_factory=dict)  # idempotency key -> due ms
     extra_creations: int = 0  # submissions beyond the first that created a task again
     may_fail: set[str] = field(default_factory=set)  # ids the scenario means to fail
+    # Versions whose invocation was killed while it sent: delivery is at least once there
+    # (docs/reliability.md), so a second delivery is counted apart, not as a duplicate.
+    may_repeat: set[str] = field(default_factory=set)
     notes: dict[str, Any] = field(default_factory=dict)  # what a scenario saw, reported as is
     faults_met: Counter[str] = field(default_factory=Counter)  # by kind, as they happened
     runtimes: ExitStack = field(default_factory=ExitStack)  # this runtime, and any restarted
@@ -196,8 +203,13 @@ class Trial:
             counts["lost"] += not explained
             counts["dlq_missing"] += status == "FAILED" and key not in in_dlq
         for key, times in delivered.items():
-            counts["duplicates"] += times - 1
+            if key in self.may_repeat:
+                counts["delivered_again_after_a_kill"] += times - 1
+            else:
+                counts["duplicates"] += times - 1
             counts["early"] += first[key] < self.due.get(key, 0)
+        if self.may_repeat:
+            self.notes["delivered_again_after_a_kill"] = counts["delivered_again_after_a_kill"]
         current = {_current(item) for item in items}
         counts["duplicates"] += len(set(delivered) - current)  # an old version, after a change
         counts["duplicates"] += self.extra_creations
@@ -420,9 +432,9 @@ def executor_timeouts(trial: Trial, tasks: int) -> None:
 
 def _executors_time_out(runtime: EmbeddedRuntime) -> None:
     """The executors' invocations end after EXECUTOR_TIMEOUT_S, not the template's 120 s."""
-    for logical_id, function in list(runtime.functions.items()):
+    for logical_id in list(runtime.functions):
         if logical_id.endswith(EXECUTORS):
-            runtime.functions[logical_id] = replace(function, timeout_s=EXECUTOR_TIMEOUT_S)
+            runtime.time_out_at(logical_id, EXECUTOR_TIMEOUT_S)
 
 
 def unmarked_sends(trial: Trial, tasks: int) -> None:
@@ -456,6 +468,92 @@ def unmarked_sends(trial: Trial, tasks: int) -> None:
 
 class SandboxKilled(Exception):
     """What the hanging invocation meets once Lambda has answered for it."""
+
+
+# Under Lambda's limits: the executors end at this, so that a frozen invocation is killed
+# soon; it leaves room for the lead, the window, one attempt and the final marks' margin.
+SANDBOX_TIMEOUT_S = 20.0
+WEBHOOK = "WebhookExecutorFunction"
+
+
+class NeedsLambdaLimits(RuntimeError):
+    """A scenario that kills sandboxes, run without them."""
+
+
+def lambda_kills(trial: Trial, tasks: int) -> None:
+    """Under --lambda-limits, an executor's sandbox dies while it sends, its target reached
+    and the answer not yet read: for a sixth of the tasks it is frozen until Lambda's
+    Timeout kills it (`Sandbox.Timedout`), for another sixth its memory runs out
+    (`Lambda.Unknown`); and a fifth of the final marks hang in DynamoDB past the
+    invocation's end. Fire's retry takes each task over once the dead invocation's lease
+    is over; what the dead one delivered may be delivered again (at least once, counted
+    apart); a send whose final mark hung is logged in time and not sent again."""
+    pool = trial.runtime.sandboxes
+    if pool is None:
+        raise NeedsLambdaLimits("lambda-kills kills sandboxes: run it with --lambda-limits")
+    trial.runtime.time_out_at(WEBHOOK, SANDBOX_TIMEOUT_S)
+    hang = Fault("hang", 0, 1 / 5, hang_s=SANDBOX_TIMEOUT_S + 5, when='":status"')
+    trial.runtime.dynamodb.set_faults("UpdateItem", [hang], seed=trial.rng.randrange(2**32))
+    trial.exits.callback(trial.met_injected, {"hang": "final_marks_hung"})
+    ids = trial.store(tasks, "killed", spread_ms=9000)  # a batch a second: a kill hits few
+    chosen = trial.rng.sample(ids, max(2, len(ids) // 3))
+    kills = {task_id: KILLS[i % 2] for i, task_id in enumerate(chosen)}
+    lock = threading.Lock()
+
+    def kill_mid_send(arrival: Any) -> None:
+        with lock:
+            kill = kills.pop(arrival.task_id, None)
+        if kill is None:
+            return
+        for environment in pool.busy(WEBHOOK):
+            batch = environment.running or {}
+            named = {f"{t['task_id']}:{t['version']}" for t in batch.get("tasks", [])}
+            if arrival.idempotency_key in named and kill(environment):
+                trial.may_repeat.update(named)
+                trial.met(kill.__name__)
+
+    trial.receiver.on_arrival = kill_mid_send
+    trial.exits.callback(setattr, trial.receiver, "on_arrival", None)
+    trial.finder_until_done()
+    _until_no_execution_runs_nor_lease_holds(trial)
+    trial.receiver.on_arrival = None  # the kills are over: what the reconciler starts lives
+    # Its look two minutes past the tasks' due times, brought forward: it requeues each task
+    # a dead invocation left RUNNING (whose Fire retries ran out while its lease held).
+    report = reconcile(settings(), max(trial.due.values()) + LOOK_AFTER_MS + 1)
+    trial.met("requeued_by_the_reconciler", report.outcomes[Reconciled.REQUEUED])
+
+
+def _until_no_execution_runs_nor_lease_holds(trial: Trial, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        running = [item for item in _tasks() if item["status"] == "RUNNING"]
+        leases = [int(item.get("lease_until", 0)) for item in running]
+        if not trial._running() and max(leases, default=0) < clock.now_ms():
+            return
+        time.sleep(0.5)
+
+
+def frozen_until_its_timeout(environment: Any) -> bool:
+    """The sandbox stops where it is; Lambda's Timeout ends it."""
+    os.kill(environment.child.pid, signal.SIGSTOP)
+    return True
+
+
+def out_of_memory(environment: Any) -> bool:
+    """The sandbox's memory limit comes down to what it holds: its next pages are refused
+    and the kernel kills it, as Lambda does past a function's MemorySize."""
+    memory = environment.groups.memory
+    held = int((memory / "memory.usage_in_bytes").read_text())
+    try:
+        for limit in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"):
+            if (memory / limit).exists():
+                (memory / limit).write_text(str(held + 64 * 1024))
+    except OSError:  # it grew meanwhile: the kernel would not shrink the limit under it
+        return False
+    return True
+
+
+KILLS = (frozen_until_its_timeout, out_of_memory)
 
 
 def executor_faults(trial: Trial, tasks: int) -> None:
@@ -655,7 +753,9 @@ SCENARIOS: dict[str, Callable[[Trial, int], None]] = {
     "cancel-reschedule": cancel_and_reschedule_races,
     "restart": restart,
     "duplicate-submissions": duplicate_submissions,
+    "lambda-kills": lambda_kills,
 }
+SANDBOXED = {"lambda-kills"}  # only with --lambda-limits
 
 
 def _runtime(state_file: Path, receiver_url: str, lambda_limits: bool) -> EmbeddedRuntime:
@@ -743,6 +843,11 @@ def main(
         if "submissions" in result:
             answers = ", ".join(f"{answer} {n}" for answer, n in result["submissions"].items())
             console.print(f"{name}: submissions answered {answers}")
+        if "delivered_again_after_a_kill" in result:
+            console.print(
+                f"{name}: {result['delivered_again_after_a_kill']} delivered again after their "
+                "invocation was killed while it sent (at least once: docs/reliability.md)"
+            )
     console.print(
         "no task duplicated, early, lost or failed unexpectedly"
         if not holes

@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Literal
@@ -51,6 +52,7 @@ class WebhookReceiver:
         self.status_for: dict[str, int] = {}
         self.script_for: dict[str, list[Reply]] = {}
         self.hang_s = hang_s
+        self.on_arrival: Callable[[Arrival], None] | None = None  # run before each answer
         self._lock = threading.Lock()
         self._server = LocalServer(("127.0.0.1", port), self._handler_class())
         self._server.tls = tls  # HTTPS, as a webhook's receiver on the internet answers
@@ -100,17 +102,18 @@ class WebhookReceiver:
                 arrived = clock.now_ms()
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 reply = receiver._reply_to(self.path)
-                receiver._record(
-                    Arrival(
-                        arrival_ms=arrived,
-                        path=self.path,
-                        idempotency_key=self.headers.get("Idempotency-Key", ""),
-                        task_id=self.headers.get("Tocsin-Task-Id", ""),
-                        body=body,
-                        headers=dict(self.headers.items()),
-                        status=reply if isinstance(reply, int) else 0,
-                    )
+                arrival = Arrival(
+                    arrival_ms=arrived,
+                    path=self.path,
+                    idempotency_key=self.headers.get("Idempotency-Key", ""),
+                    task_id=self.headers.get("Tocsin-Task-Id", ""),
+                    body=body,
+                    headers=dict(self.headers.items()),
+                    status=reply if isinstance(reply, int) else 0,
                 )
+                receiver._record(arrival)
+                if receiver.on_arrival is not None:
+                    receiver.on_arrival(arrival)
                 if reply == "hang":
                     time.sleep(receiver.hang_s)
                 if not isinstance(reply, int):
