@@ -246,6 +246,7 @@ def test_generated_scheduled_event_runs_the_finder_which_writes_only_its_horizon
         "schedules_due": 0,
         "occurrences_made": 0,
         "schedule_errors": 0,
+        "leftovers_finished": 0,
     }
     [horizons] = all_tasks()  # how far the finder and the reconciler have read
     assert horizons["task_id"] == HORIZONS_KEY["task_id"]
@@ -265,8 +266,9 @@ def test_an_execution_wakes_at_its_wake_second_not_before(runtime, receiver):
     )
     events = sfn.get_execution_history(executionArn=arn)["events"]
     [woken] = [e["timestamp"] for e in events if e["type"] == "WaitStateExited"]
-    # never before wake_at; the bound after it is a loaded machine's, not AWS's
-    assert wake <= woken < wake + timedelta(milliseconds=MANY_P99_LATE_MS)
+    # never before wake_at; the bound after it is a loaded machine's, not AWS's (one wake,
+    # not a p99: 1.86 s once in CI's DynamoDB Local pass, beside both Pythons' tests)
+    assert wake <= woken < wake + timedelta(milliseconds=2 * MANY_P99_LATE_MS)
 
 
 def test_a_retried_submission_starts_a_task_its_first_try_stored_and_did_not_start(
