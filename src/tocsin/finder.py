@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from tocsin import aws, clock
 from tocsin.dispatch import DueTask, dispatch_all, due_task, look_again_now
 from tocsin.index_keys import LOOK_AFTER_MS, writers_own
-from tocsin.occurrences import made_tasks, materialize_due
+from tocsin.occurrences import finish_all_leftovers, made_tasks, materialize_due
 from tocsin.reconcile import ReconcileReport, reconcile
 from tocsin.settings import Settings
 from tocsin.store import DUE_INDEX, TaskStore
@@ -75,9 +75,9 @@ def run_finder(settings: Settings, budget_s: float) -> dict[str, int]:
     reconciled = settle_stuck(settings, budget_s)
     store = TaskStore(settings.tasks_table)
     now = clock.now_ms()
-    made_ids, scheduled = materialize_due(
-        settings, now, time.monotonic() + budget_s * SCHEDULES_SHARE
-    )
+    schedules_deadline = time.monotonic() + budget_s * SCHEDULES_SHARE
+    leftovers = finish_all_leftovers(settings, now, schedules_deadline)
+    made_ids, scheduled = materialize_due(settings, now, schedules_deadline)
     made = made_tasks(made_ids, settings)
     until = now + settings.lookahead_s * 1000
     horizon = store.horizon(HORIZON)
@@ -86,4 +86,4 @@ def run_finder(settings: Settings, budget_s: float) -> dict[str, int]:
     look_again_now(tuple(set(report.left) & set(made)), settings)
     left = set(report.left) & set(found)
     store.advance_horizon(HORIZON, min((t.due_ms - 1 for t in left), default=until))
-    return {**report.as_dict(), **reconciled.as_dict(), **scheduled}
+    return {**report.as_dict(), **reconciled.as_dict(), **scheduled, **leftovers}

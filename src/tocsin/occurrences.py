@@ -21,7 +21,7 @@ from tocsin.dispatch import DueTask, due_task, stop_own_execution
 from tocsin.model import TaskStatus, TaskType
 from tocsin.observability import logger
 from tocsin.recurrence import Occurrences, parse
-from tocsin.schedule_store import ScheduleState, ScheduleStore, Turned
+from tocsin.schedule_store import LEFTOVERS_SHARD, ScheduleState, ScheduleStore, Turned
 from tocsin.settings import Settings
 from tocsin.store import TaskStore
 from tocsin.submit import task_item
@@ -164,29 +164,73 @@ def _latest_before(occurrences: Occurrences, known: int, cutoff: int) -> int:
     return low
 
 
-def cancel_leftovers(
-    store: ScheduleStore,
-    before: dict[str, Any],
-    revision: int,
-    config: Settings,
-) -> int:
-    """Cancel the unclaimed tasks the schedule as it was (`before`) made for occurrences
-    from now on, unless a revision up to `revision` rewrote them; how many."""
-    now = clock.now_ms()
-    until = int(before.get("next_ms", now + config.lookahead_s * 1000))
+DELETED = "deleted"  # the suffix of a deleted schedule's leftovers record: `<id>@deleted`
+CANCEL_WORKERS = 16  # cancels side by side: a per-second schedule leaves hundreds
+
+
+def leftovers_record(
+    before: dict[str, Any], revision: int, suffix: str, config: Settings, now_ms: int
+) -> dict[str, Any]:
+    """The record of the occurrences `before` made that its change to `revision` (an edit,
+    or a delete) may not have: `before` under a key of its own, out of its owner's listing,
+    in the DueIndex's leftovers shard from now, with how far its occurrences may reach."""
+    kept = {k: v for k, v in before.items() if k not in ("owner", "gsi_pk", "gsi_next_ms")}
+    reach = max(int(before.get("next_ms", 0)), now_ms + config.lookahead_s * 1000)
+    return kept | {
+        "schedule_id": f"{before['schedule_id']}@{suffix}",
+        "leftovers_of": before["schedule_id"],
+        "leftovers_owner": before["owner"],
+        "leftovers_revision": revision,
+        "leftovers_until_ms": reach,
+        "gsi_pk": LEFTOVERS_SHARD,
+        "gsi_next_ms": now_ms,
+    }
+
+
+def as_it_was(record: dict[str, Any]) -> dict[str, Any]:
+    """The schedule a leftovers record keeps, as it was stored."""
+    kept = {k: v for k, v in record.items() if not k.startswith("leftovers_")}
+    return kept | {"schedule_id": record["leftovers_of"], "owner": record["leftovers_owner"]}
+
+
+def finish_leftovers(
+    store: ScheduleStore, record: dict[str, Any], config: Settings, deadline: float
+) -> bool:
+    """Cancel the unclaimed tasks a changed schedule made that its new revision does not
+    own, soonest first and side by side, until `deadline`; once every one is reached, the
+    record goes. Whether it went."""
+    before, revision = as_it_was(record), int(record["leftovers_revision"])
+    now, until = clock.now_ms(), int(record["leftovers_until_ms"])
     occurrences = occurrences_of(before)
-    cancelled = 0
-    for due in _until(occurrences, occurrences.first_from(now) or until, until):
-        task = store.cancel_occurrence(
-            occurrence_id(before["schedule_id"], due),
-            revision,
-            clock.to_iso(now),
-            config.expires_at(now),
-        )
+    due = list(_until(occurrences, occurrences.first_from(now) or until, until))
+    now_iso, expires_at = clock.to_iso(now), config.expires_at(now)
+
+    def cancel(moment: int) -> bool:
+        if time.monotonic() >= deadline:
+            return False
+        task_id = occurrence_id(before["schedule_id"], moment)
+        task = store.cancel_occurrence(task_id, revision, now_iso, expires_at)
         if task is not None:
             stop_own_execution(task, "its schedule changed", config)
-            cancelled += 1
-    return cancelled
+        return True
+
+    with ThreadPoolExecutor(max_workers=CANCEL_WORKERS, thread_name_prefix="cancel") as pool:
+        reached = all(list(pool.map(cancel, due)))
+    if reached:
+        store.forget_leftovers(record["schedule_id"])
+    return reached
+
+
+def finish_all_leftovers(config: Settings, now_ms: int, deadline: float) -> dict[str, int]:
+    """The finder's step: what edits and deletes left to cancel (their requests ran out of
+    time, or were killed), until `deadline`; each record left is taken up by the next run."""
+    store = ScheduleStore(config.schedules_table, config.tasks_table)
+    finished = 0
+    for key in list(store.due(LEFTOVERS_SHARD, now_ms)):
+        record = store.get(key)
+        if record is not None and time.monotonic() < deadline:
+            finished += finish_leftovers(store, record, config, deadline)
+    return {"leftovers_finished": finished}
 
 
 def made_tasks(task_ids: list[str], config: Settings) -> list[DueTask]:

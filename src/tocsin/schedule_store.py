@@ -20,6 +20,11 @@ from tocsin.model import TaskStatus
 from tocsin.settings import settings
 
 SCHEDULE_DUE_INDEX = "DueIndex"  # ENABLED schedules only, by shard and next occurrence
+# A schedule edited or deleted leaves a record of the occurrences it had made: written in one
+# transaction with the change, in the DueIndex under this shard, deleted once every one of
+# them is cancelled (by the request, else by the finder's next runs). So a request that ends
+# part way, by its time or a kill, leaves nothing of the old schedule to fire.
+LEFTOVERS_SHARD = "leftovers"
 SCHEDULE_OWNER_INDEX = "OwnerIndex"
 SCHEDULE_PAGE_KEY = ("schedule_id", "owner")  # what a page of OwnerIndex resumes from
 
@@ -67,34 +72,40 @@ class ScheduleStore:
         reply = self._table.get_item(Key={"schedule_id": schedule_id}, ConsistentRead=True)
         return reply.get("Item")
 
-    def replace(self, item: dict[str, Any], revision: int) -> dict[str, Any] | None:
-        """Write an edited schedule over the one read at `revision`: the schedule as it was
-        just before (a finder may have advanced it meanwhile), or None if it changed."""
+    def replace(
+        self, current: dict[str, Any], item: dict[str, Any] | None, leftovers: dict[str, Any]
+    ) -> bool:
+        """Write the edited schedule `item` (None: delete it) over `current`, as it was read,
+        and the record of `current`'s leftovers, in one; False if it changed meanwhile."""
+        key = {"schedule_id": _serialize(current["schedule_id"])}
+        seen = {":rev": current["revision"], ":owner": current["owner"]}
+        condition = "revision = :rev AND #o = :owner AND "
+        if "next_ms" in current:  # a finder's advance changes it, not the revision
+            condition += "next_ms = :next"
+            seen[":next"] = current["next_ms"]
+        else:
+            condition += "attribute_not_exists(next_ms)"
+        change = {
+            "TableName": self._tables[0],
+            "ConditionExpression": condition,
+            "ExpressionAttributeNames": {"#o": "owner"},
+            "ExpressionAttributeValues": _values(seen),
+        }
+        write = (
+            {"Delete": change | {"Key": key}}
+            if item is None
+            else {"Put": change | {"Item": _values(item)}}
+        )
+        record = {"Put": {"TableName": self._tables[0], "Item": _values(leftovers)}}
         try:
-            reply = self._table.put_item(
-                Item=item,
-                ConditionExpression="revision = :seen AND #o = :owner",
-                ExpressionAttributeNames={"#o": "owner"},
-                ExpressionAttributeValues={":seen": revision, ":owner": item["owner"]},
-                ReturnValues="ALL_OLD",
-            )
-        except self._conditional_failed:
-            return None
-        return reply["Attributes"]
+            self._client.transact_write_items(TransactItems=[write, record])
+        except self._cancelled:
+            return False
+        return True
 
-    def delete(self, schedule_id: str, owner: str) -> dict[str, Any] | None:
-        """Delete the owner's schedule; what it was, or None if there was none."""
-        try:
-            reply = self._table.delete_item(
-                Key={"schedule_id": schedule_id},
-                ConditionExpression="#o = :owner",
-                ExpressionAttributeNames={"#o": "owner"},
-                ExpressionAttributeValues={":owner": owner},
-                ReturnValues="ALL_OLD",
-            )
-        except self._conditional_failed:
-            return None
-        return reply.get("Attributes")
+    def forget_leftovers(self, key: str) -> None:
+        """Its leftovers are all cancelled: the record goes."""
+        self._table.delete_item(Key={"schedule_id": key})
 
     def owned(
         self, owner: str, limit: int, start: dict[str, Any] | None

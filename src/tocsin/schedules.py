@@ -29,8 +29,11 @@ from tocsin.model import (
 )
 from tocsin.observability import logger
 from tocsin.occurrences import (
+    DELETED,
     ScheduleRefused,
-    cancel_leftovers,
+    as_it_was,
+    finish_leftovers,
+    leftovers_record,
     made_tasks,
     materialize,
     occurrences_of,
@@ -43,6 +46,8 @@ from tocsin.submit import IsoTime, checked_content, invalid
 
 MAX_EXPRESSION = 256
 DISPATCH_BUDGET_S = 10.0  # of an API request, for starting the occurrences due soon
+LEFTOVERS_BUDGET_S = 12.0  # of an API request, for cancelling a changed schedule's leftovers
+CHANGE_TRIES = 3  # an edit or delete written again after a finder moved the schedule on
 
 
 class CatchUp(StrEnum):
@@ -313,34 +318,66 @@ def update_schedule(schedule_id: str, body: Any, owner: str, config: Settings) -
         raise InvalidSchedule("body: give what changes", field="body")
     store = _store(config)
     current = _owned(store, schedule_id, owner)
-    now = clock.now_ms()
+    for _ in range(CHANGE_TRIES):
+        now = clock.now_ms()
+        item = _edited(current, change, config, now)
+        revision = int(item["revision"])
+        leftovers = leftovers_record(current, revision, str(revision), config, now)
+        if store.replace(current, item, leftovers):
+            break
+        seen, current = current, _owned(store, schedule_id, owner)
+        if current["revision"] != seen["revision"]:  # another edit came first
+            raise _changed_meanwhile(schedule_id)
+    else:  # a finder moved it on each time
+        raise _changed_meanwhile(schedule_id)
+    _turn_near_occurrences(item, config)
+    finish_leftovers(store, leftovers, config, time.monotonic() + LEFTOVERS_BUDGET_S)
+    return schedule_view(store.get(schedule_id) or item, clock.now_ms())
+
+
+def _edited(
+    current: dict[str, Any], change: ScheduleChange, config: Settings, now: int
+) -> dict[str, Any]:
+    """The schedule's next revision: `current` with the change laid over it."""
     spec = _merged(current, change)
     retimed = bool(change.model_fields_set & set(TIMING))
     anchor = now if retimed else int(current["anchor_ms"])
     state = change.state or (
         ScheduleState.ENABLED if current["state"] == ScheduleState.COMPLETED else current["state"]
     )
-    item = _schedule_item(schedule_id, spec, owner, now, anchor, config)
-    revision = int(current["revision"]) + 1
+    item = _schedule_item(current["schedule_id"], spec, current["owner"], now, anchor, config)
     kept = {name: current[name] for name in ("body_hash", "created_at", "occurrences", "missed")}
-    item |= kept | {"revision": revision, "updated_at": clock.to_iso(now)}
+    item |= kept | {"revision": int(current["revision"]) + 1, "updated_at": clock.to_iso(now)}
     if state == ScheduleState.PAUSED:
         item["state"] = ScheduleState.PAUSED.value
         for name in ("next_ms", "gsi_pk", "gsi_next_ms"):
             item.pop(name)
-    before = store.replace(item, int(current["revision"]))
-    if before is None:
-        raise Conflict(f"id: schedule {schedule_id!r} changed meanwhile, try again", "id")
-    _turn_near_occurrences(item, config)
-    cancel_leftovers(store, before, revision, config)
-    return schedule_view(store.get(schedule_id) or item, clock.now_ms())
+    return item
+
+
+def _changed_meanwhile(schedule_id: str) -> Conflict:
+    return Conflict(f"id: schedule {schedule_id!r} changed meanwhile, try again", "id")
 
 
 def delete_schedule(schedule_id: str, owner: str, config: Settings) -> dict[str, Any]:
-    """Delete a schedule and cancel its occurrences not yet claimed; the schedule as it was."""
-    store = _store(config)
-    before = store.delete(schedule_id, owner)
-    if before is None:
-        raise NotFound(f"id: no schedule {schedule_id!r}", field="id")
-    cancel_leftovers(store, before, int(before["revision"]) + 1, config)
-    return schedule_view(before, clock.now_ms())
+    """Delete a schedule and cancel its occurrences not yet claimed; the schedule as it was.
+    A retry of a delete whose cancels did not all end (its request ran out of time, or was
+    killed) goes on with them; the finder does too, if none comes."""
+    store, now = _store(config), clock.now_ms()
+    deadline = time.monotonic() + LEFTOVERS_BUDGET_S
+    current = store.get(schedule_id)
+    if current is None or current.get("owner") != owner:
+        pending = store.get(f"{schedule_id}@{DELETED}")
+        if pending is None or pending.get("leftovers_owner") != owner:
+            raise NotFound(f"id: no schedule {schedule_id!r}", field="id")
+        finish_leftovers(store, pending, config, deadline)
+        return schedule_view(as_it_was(pending), now)
+    for _ in range(CHANGE_TRIES):
+        leftovers = leftovers_record(current, int(current["revision"]) + 1, DELETED, config, now)
+        if store.replace(current, None, leftovers):
+            break
+        current = _owned(store, schedule_id, owner)  # edited or moved on meanwhile: again
+    else:
+        raise _changed_meanwhile(schedule_id)
+    finish_leftovers(store, leftovers, config, deadline)
+    return schedule_view(current, now)

@@ -4,7 +4,8 @@ moto checks no IAM, so a call a role does not allow fails only on AWS (it happen
 finder's transaction came to put an item its role could only update). Here the calls each
 function makes on its paths are recorded on the embedded runtime, as the IAM action and
 resource ARN each needs, and checked against the function's policies as the translated
-template gives them, the way IAM weighs an Allow (the template has no Deny or Condition).
+template gives them, the way IAM weighs an Allow (the template has no Deny; its one kind
+of Condition, on the leading key of a DynamoDB item, is weighed with the call's key).
 """
 
 import json
@@ -39,7 +40,7 @@ from tests.integration.test_targets import (
     sample,
     store_sample_task,
 )
-from tocsin import aws, clock
+from tocsin import aws, clock, schedules
 from tocsin.bodies import INLINE_BYTES
 from tocsin.index_keys import LOOK_AFTER_MS, check_keys
 from tocsin.local.runtime import scheduled_event
@@ -93,17 +94,33 @@ def _resources(service: str, operation: str, params: dict[str, Any]) -> list[str
     raise AssertionError(f"{service}:{operation} is new here: teach this test its resource ARN")
 
 
-def needed(service: str, operation: str, params: dict[str, Any]) -> list[tuple[str, str]]:
-    """The (IAM action, resource ARN) pairs a call needs allowed: a transaction needs each
-    of its writes' own."""
+Need = tuple[str, str, str | None]  # an IAM action, a resource ARN, an item's leading key
+
+
+def _leading_key(params: dict[str, Any]) -> str | None:
+    """The partition key of the item a DynamoDB call names by its key (every table here
+    has a partition key only), typed or not; None for any other call."""
+    if len(params.get("Key", {})) != 1:
+        return None
+    [value] = params["Key"].values()
+    return value["S"] if isinstance(value, dict) else str(value)
+
+
+def needed(service: str, operation: str, params: dict[str, Any]) -> list[Need]:
+    """What a call needs allowed: a transaction needs each of its writes' own."""
     if (service, operation) == ("dynamodb", "TransactWriteItems"):
         return [
-            (f"dynamodb:{TRANSACTION_ACTIONS[kind]}", _resources("dynamodb", kind, write)[0])
+            (
+                f"dynamodb:{TRANSACTION_ACTIONS[kind]}",
+                _resources("dynamodb", kind, write)[0],
+                _leading_key(write),
+            )
             for item in params["TransactItems"]
             for kind, write in item.items()
         ]
     action = ACTIONS.get((service, operation), f"{service}:{operation}")
-    return [(action, arn) for arn in _resources(service, operation, params)]
+    key = _leading_key(params) if service == "dynamodb" else None
+    return [(action, arn, key) for arn in _resources(service, operation, params)]
 
 
 class Calls:
@@ -111,7 +128,7 @@ class Calls:
 
     def __init__(self, tables: set[str]) -> None:
         self.function: str | None = None
-        self.made: dict[str, set[tuple[str, str]]] = defaultdict(set)
+        self.made: dict[str, set[Need]] = defaultdict(set)
         # This runtime's tables. A call on another's comes from a thread an earlier test's
         # runtime left behind (seen: an executor still finishing as its runtime stopped),
         # whichever function's step is open now: it is not that function's call.
@@ -134,7 +151,7 @@ class Calls:
             self.made[self.function].update(pairs)
 
     def actions(self, function: str) -> set[str]:
-        return {action for action, _ in self.made[function]}
+        return {action for action, _, _ in self.made[function]}
 
 
 # A payload whose body goes to the Bodies table (tocsin.bodies): written apart, read apart.
@@ -154,7 +171,7 @@ def tables(runtime) -> set[str]:
 def on_bodies(calls: Calls, function: str) -> set[str]:
     """The actions the function took on the Bodies table."""
     table = _arn("dynamodb", f"table/{settings().bodies_table}")
-    return {action for action, arn in calls.made[function] if arn == table}
+    return {action for action, arn, _ in calls.made[function] if arn == table}
 
 
 @pytest.fixture
@@ -176,9 +193,10 @@ def _listed(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
-def grants(runtime, function: str) -> list[tuple[str, str]]:
-    """The (action, resource) patterns the function's role allows: its inline policies
-    (SAM's policy templates expanded) and the template's managed policies it attaches."""
+def grants(runtime, function: str) -> list[tuple[str, str, list[str] | None]]:
+    """The (action, resource, leading keys) patterns the function's role allows: its inline
+    policies (SAM's policy templates expanded) and the template's managed policies it
+    attaches; leading keys None where no Condition limits them."""
     resources = runtime.template["Resources"]
     role = resources[function]["Properties"]["Role"]["Fn::GetAtt"][0]
     properties = resources[role]["Properties"]
@@ -193,10 +211,22 @@ def grants(runtime, function: str) -> list[tuple[str, str]]:
     allowed = []
     for document in documents:
         for statement in document["Statement"]:
-            assert statement["Effect"] == "Allow" and "Condition" not in statement
+            assert statement["Effect"] == "Allow"
+            keys = _leading_keys(statement.get("Condition"))
             resolved = _listed(runtime.resolve(statement["Resource"]))
-            allowed += [(a, r) for a in _listed(statement["Action"]) for r in resolved]
+            allowed += [(a, r, keys) for a in _listed(statement["Action"]) for r in resolved]
     return allowed
+
+
+def _leading_keys(condition: dict[str, Any] | None) -> list[str] | None:
+    """The patterns a statement's Condition holds an item's leading key to: the one kind of
+    Condition the template writes (any other fails here, to be taught)."""
+    if condition is None:
+        return None
+    assert list(condition) == ["ForAllValues:StringLike"], condition
+    [(name, patterns)] = condition["ForAllValues:StringLike"].items()
+    assert name == "dynamodb:LeadingKeys", condition
+    return _listed(patterns)
 
 
 def refused(runtime, calls: Calls) -> list[tuple[str, str, str]]:
@@ -204,9 +234,12 @@ def refused(runtime, calls: Calls) -> list[tuple[str, str, str]]:
     missing = []
     for function, made in calls.made.items():
         allowed = grants(runtime, function)
-        for action, arn in sorted(made):
+        for action, arn, key in sorted(made, key=str):
             if not any(
-                fnmatchcase(action.lower(), a.lower()) and fnmatchcase(arn, r) for a, r in allowed
+                fnmatchcase(action.lower(), a.lower())
+                and fnmatchcase(arn, r)
+                and (keys is None or (key is not None and any(fnmatchcase(key, k) for k in keys)))
+                for a, r, keys in allowed
             ):
                 missing.append((function, action, arn))
     return missing
@@ -289,20 +322,26 @@ def test_the_finder_role_allows_every_call_of_the_finder(runtime, calls, receive
     schedule = every_minute(receiver.url, clock.now_ms() + config.lookahead_s * 1000 + 2_000)
     schedule["payload"] = LARGE  # the occurrence's body written apart
     assert call_api(runtime, "POST", "/schedules", schedule)[0] == 201  # beyond the look-ahead
+    doomed = every_minute(receiver.url, clock.now_ms() + 12_000) | {"id": "doomed"}
+    assert call_api(runtime, "POST", "/schedules", doomed)[0] == 201  # its first made, started
+    with mock.patch.object(schedules, "LEFTOVERS_BUDGET_S", 0.0):  # its cancel left to the finder
+        assert call_api(runtime, "DELETE", "/schedules/doomed")[0] == 200
     time.sleep(3)  # now within it: the finder makes the occurrence
     with calls.of("FinderFunction"):
         report = runtime.invoke("FinderFunction", scheduled_event())
     stop_executions()
     assert (report["started"], report["requeued"], report["letters_sent"]) == (3, 1, 1)
-    assert report["occurrences_made"] == 1
+    assert (report["occurrences_made"], report["leftovers_finished"]) == (1, 1)
     assert {
         "dynamodb:Query",
         "dynamodb:BatchGetItem",
         "dynamodb:GetItem",
         "dynamodb:PutItem",
         "dynamodb:UpdateItem",
+        "dynamodb:DeleteItem",  # the leftovers record: only such a key (a Condition)
         "states:StartExecution",
         "states:DescribeExecution",
+        "states:StopExecution",
         "sqs:SendMessage",
     } <= calls.actions("FinderFunction")
     assert on_bodies(calls, "FinderFunction") == {"dynamodb:PutItem"}

@@ -7,6 +7,8 @@ import json
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
@@ -30,7 +32,7 @@ from tests.conftest import (
     wait_for_status,
     webhook_task,
 )
-from tocsin import Client, aws, clock
+from tocsin import Client, aws, clock, schedules
 from tocsin.local.dynamodb_process import Fault
 from tocsin.occurrences import REFUSED_IN_A_ROW, materialize_due
 from tocsin.schedule_store import SCHEDULE_DUE_INDEX
@@ -293,6 +295,78 @@ def test_a_schedules_last_fired_is_its_latest_send_behind_occurrences_that_sent_
         table.put_item(Item=item | ({"fired_at": fired_at} if fired_at else {}))
     status, read = call_api(runtime, "GET", "/schedules/tick")
     assert status == 200 and read["last_fired_at"] == "2026-01-01T00:00:03.000Z"
+
+
+class Killed(Exception):
+    """The API's invocation, killed part way through a request."""
+
+
+@contextmanager
+def killed_after_cancels(count: int) -> Iterator[None]:
+    """The API's invocation dies at its cancel of an occurrence after the first `count`."""
+    cancels = []
+
+    def kill(params: dict, **_: object) -> None:
+        if "schedule_revision" in params.get("ConditionExpression", ""):
+            cancels.append(params["Key"])
+            if len(cancels) > count:
+                raise Killed("the invocation is gone")
+
+    with hooked(aws.client("dynamodb"), ("before-parameter-build.dynamodb.UpdateItem", kill)):
+        yield
+
+
+def test_an_edit_killed_before_its_cancels_leaves_them_to_the_finder(runtime, receiver):
+    """The edit stands; the occurrences the new expression does not have (here: none of the
+    old ones) are cancelled by the finder's next run, as its request would have."""
+    start = clock.now_ms() + 10_000  # inside the look-ahead, not yet woken in this test
+    call_api(runtime, "POST", "/schedules", every_two_seconds(receiver.url, start))
+    before = {t["id"] for t in occurrences(runtime, "tick")}
+    change = {"expression": "rate(4 seconds)", "start_at": clock.to_iso(start + 1000)}
+    with killed_after_cancels(0), pytest.raises(Killed):
+        call_api(runtime, "PATCH", "/schedules/tick", change)
+    assert call_api(runtime, "GET", "/schedules/tick")[1]["expression"] == "rate(4 seconds)"
+    assert runtime.run_finder()["leftovers_finished"] == 1
+    kept = {stored(task_id)["status"] for task_id in before}  # none, but one claimed by now
+    assert "CANCELLED" in kept and kept <= {"CANCELLED", "RUNNING", "SUCCEEDED"}, kept
+    live = [t for t in occurrences(runtime, "tick") if t["status"] == "PENDING"]
+    dues = sorted(clock.to_ms(datetime.fromisoformat(t["due_at"])) for t in live)
+    assert live and all(b - a == 4000 for a, b in pairwise(dues))
+    assert [s["schedule_id"] for s in all_schedules()] == ["tick"]  # the record went
+
+
+@pytest.mark.parametrize(
+    ("ended", "then"), [("killed", "retry"), ("killed", "finder"), ("out_of_time", "finder")]
+)
+def test_nothing_of_a_deleted_schedule_is_left_to_fire_however_its_request_ends(
+    runtime, receiver, monkeypatch, ended, then
+):
+    """A per-second schedule's delete whose request is killed after its first cancels, or
+    runs out of its time before them: the schedule is gone at once, and what it made is
+    cancelled all the same, by the retried DELETE (which answers as the first would have,
+    not 404) or, if none comes, by the finder's next run."""
+    start = clock.now_ms() + 10_000
+    body = every_two_seconds(receiver.url, start, expression="rate(1 second)")
+    assert call_api(runtime, "POST", "/schedules", body)[0] == 201
+    made = [t["task_id"] for t in all_tasks() if t.get("schedule_id") == "tick"]
+    assert len(made) >= 8
+    if ended == "out_of_time":
+        monkeypatch.setattr(schedules, "LEFTOVERS_BUDGET_S", 0.0)
+        assert call_api(runtime, "DELETE", "/schedules/tick")[0] == 200
+    else:
+        with killed_after_cancels(3), pytest.raises(Killed):  # API Gateway answers 502
+            call_api(runtime, "DELETE", "/schedules/tick")
+    assert call_api(runtime, "GET", "/schedules/tick")[0] == 404  # gone at once
+    assert [stored(t)["status"] for t in made].count("CANCELLED") <= 3  # the rest left
+    if then == "retry":
+        status, view = call_api(runtime, "DELETE", "/schedules/tick")
+        assert status == 200 and view["id"] == "tick"
+    else:
+        assert runtime.run_finder()["leftovers_finished"] == 1
+    statuses = [stored(t)["status"] for t in made]  # the first few claimed, on a slow machine
+    assert "PENDING" not in statuses and statuses.count("CANCELLED") > len(made) // 2, statuses
+    assert all_schedules() == []  # the record of what was left went with the last cancel
+    assert call_api(runtime, "DELETE", "/schedules/tick")[0] == 404
 
 
 def test_sample_schedule_events_run_through_the_handler_in_order(runtime):
