@@ -520,7 +520,7 @@ def lambda_kills(trial: Trial, tasks: int) -> None:
     # Its look two minutes past the tasks' due times, brought forward: it requeues each task
     # a dead invocation left RUNNING (whose Fire retries ran out while its lease held).
     report = reconcile(settings(), max(trial.due.values()) + LOOK_AFTER_MS + 1)
-    trial.met("requeued_by_the_reconciler", report.outcomes[Reconciled.REQUEUED])
+    trial.notes["requeued_by_the_reconciler"] = report.outcomes[Reconciled.REQUEUED]
 
 
 def _until_no_execution_runs_nor_lease_holds(trial: Trial, timeout_s: float = 300) -> None:
@@ -846,7 +846,8 @@ def main(
         if "delivered_again_after_a_kill" in result:
             console.print(
                 f"{name}: {result['delivered_again_after_a_kill']} delivered again after their "
-                "invocation was killed while it sent (at least once: docs/reliability.md)"
+                "invocation was killed while it sent (at least once: docs/reliability.md); "
+                f"{result.get('requeued_by_the_reconciler', 0)} requeued by the reconciler"
             )
     console.print(
         "no task duplicated, early, lost or failed unexpectedly"
