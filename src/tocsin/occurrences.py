@@ -168,6 +168,12 @@ DELETED = "deleted"  # the suffix of a deleted schedule's leftovers record: `<id
 CANCEL_WORKERS = 16  # cancels side by side: a per-second schedule leaves hundreds
 
 
+def leftovers_key(schedule_id: str, suffix: str) -> str:
+    """A leftovers record's key: `<id>@<revision>`, or `<id>@deleted` (no schedule id holds
+    an `@`, so none is ever a schedule's; the finder's role may delete only these)."""
+    return f"{schedule_id}@{suffix}"
+
+
 def leftovers_record(
     before: dict[str, Any], revision: int, suffix: str, config: Settings, now_ms: int
 ) -> dict[str, Any]:
@@ -177,7 +183,7 @@ def leftovers_record(
     kept = {k: v for k, v in before.items() if k not in ("owner", "gsi_pk", "gsi_next_ms")}
     reach = max(int(before.get("next_ms", 0)), now_ms + config.lookahead_s * 1000)
     return kept | {
-        "schedule_id": f"{before['schedule_id']}@{suffix}",
+        "schedule_id": leftovers_key(before["schedule_id"], suffix),
         "leftovers_of": before["schedule_id"],
         "leftovers_owner": before["owner"],
         "leftovers_revision": revision,

@@ -33,6 +33,7 @@ from tocsin.occurrences import (
     ScheduleRefused,
     as_it_was,
     finish_leftovers,
+    leftovers_key,
     leftovers_record,
     made_tasks,
     materialize,
@@ -367,7 +368,7 @@ def delete_schedule(schedule_id: str, owner: str, config: Settings) -> dict[str,
     deadline = time.monotonic() + LEFTOVERS_BUDGET_S
     current = store.get(schedule_id)
     if current is None or current.get("owner") != owner:
-        pending = store.get(f"{schedule_id}@{DELETED}")
+        pending = store.get(leftovers_key(schedule_id, DELETED))
         if pending is None or pending.get("leftovers_owner") != owner:
             raise NotFound(f"id: no schedule {schedule_id!r}", field="id")
         finish_leftovers(store, pending, config, deadline)

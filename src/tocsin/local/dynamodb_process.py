@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from tocsin.local.http_thread import LocalServer
+from tocsin.local.http_thread import LocalServer, whole_body
 from tocsin.local.moto_patches import dynamodb_patches
 from tocsin.local.stack import ACCOUNT_ID, REGION
 from tocsin.local.write_units import WRITES, Metering
@@ -200,10 +200,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(200, {}, json.dumps(self.service.usage()).encode())
 
     def do_POST(self) -> None:
-        length = int(self.headers.get("content-length", 0))
-        body = self.rfile.read(length)
-        if len(body) < length:  # the caller went away mid-request (a killed sandbox's)
-            self.close_connection = True
+        body = whole_body(self)
+        if body is None:
             return None
         if self.path == FAULTS_PATH:
             return self._set_faults(json.loads(body))

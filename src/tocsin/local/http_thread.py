@@ -13,7 +13,7 @@ import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from socketserver import BaseServer
 from typing import Any
 
@@ -51,6 +51,18 @@ class LocalServer(AcceptsTls, ThreadingHTTPServer):
 
     daemon_threads = True
     request_queue_size = 1024
+
+
+def whole_body(handler: BaseHTTPRequestHandler) -> bytes | None:
+    """The request's body, or None if its caller went away before sending all it announced
+    (a sandbox killed mid-request): such a request is dropped unanswered, as AWS, which
+    never receives it whole, never carries it out."""
+    length = int(handler.headers.get("content-length", 0))
+    body = handler.rfile.read(length)
+    if len(body) < length:
+        handler.close_connection = True
+        return None
+    return body
 
 
 def stop_serving(server: BaseServer, thread: threading.Thread) -> None:

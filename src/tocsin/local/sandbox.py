@@ -437,7 +437,7 @@ def serving_moto(tls: ssl.SSLContext) -> Iterator[str]:
     from botocore.compat import HTTPHeaders
     from moto.core.models import botocore_stubber
 
-    from tocsin.local.http_thread import LocalServer, serving_in_thread
+    from tocsin.local.http_thread import LocalServer, serving_in_thread, whole_body
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -456,10 +456,8 @@ def serving_moto(tls: ssl.SSLContext) -> Iterator[str]:
             self._answer()
 
         def _answer(self) -> None:
-            length = int(self.headers.get("content-length", 0))
-            body = self.rfile.read(length)
-            if len(body) < length:  # the sandbox was killed mid-request: no one to answer
-                self.close_connection = True
+            body = whole_body(self)
+            if body is None:
                 return None
             scope = self.headers.get("authorization", "").split("Credential=", 1)[-1]
             try:
