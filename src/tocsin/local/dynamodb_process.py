@@ -71,6 +71,7 @@ class Fault:
     after_commit: bool = False
     hang_s: float = 0.0  # instead of an error, no answer for this long, then a dropped line
     when: str = ""  # only requests whose body holds this text (`":status"`: a final mark)
+    first: int = 0  # the first this many requests it applies to meet it, whatever the share
 
 
 def process_usage() -> dict[str, float]:
@@ -90,6 +91,7 @@ class _Service:
     requests: Counter[str] = field(default_factory=Counter)
     injected: Counter[str] = field(default_factory=Counter)  # faults met, by code
     faults: dict[str, list[Fault]] = field(default_factory=dict)
+    applied: Counter[Fault] = field(default_factory=Counter)  # requests each fault applied to
     rng: random.Random = field(default_factory=random.Random)
     metering: Metering | None = None  # made with moto's backend, at the first request
     cpu_s_before: float = 0.0  # the process's CPU seconds at the last reset
@@ -102,8 +104,9 @@ class _Service:
         for fault in self.faults.get(action, []):
             if fault.when.encode() not in body:
                 continue
+            self.applied[fault] += 1
             below += fault.share
-            if roll < below:
+            if roll < below or self.applied[fault] <= fault.first:
                 self.injected[fault.code] += 1
                 return fault
         return None
@@ -135,6 +138,7 @@ class _Service:
         self.requests.clear()
         self.injected.clear()
         self.faults = {}
+        self.applied.clear()
         self.metering = None
         self.journal = None
         self.cpu_s_before = process_usage()["cpu_s"]
@@ -241,6 +245,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _set_faults(self, faults: dict[str, Any]) -> None:
         with self.service.lock:
             self.service.rng.seed(faults["seed"])
+            self.service.applied.clear()
             self.service.faults = {
                 action: [Fault(**fault) for fault in listed]
                 for action, listed in faults["actions"].items()

@@ -202,11 +202,13 @@ class Trial:
             )
             counts["lost"] += not explained
             counts["dlq_missing"] += status == "FAILED" and key not in in_dlq
+        doubled = []
         for key, times in delivered.items():
             if key in self.may_repeat:
                 counts["delivered_again_after_a_kill"] += times - 1
             else:
                 counts["duplicates"] += times - 1
+                doubled += [key] * (times > 1)
             counts["early"] += first[key] < self.due.get(key, 0)
         if self.may_repeat:
             self.notes["delivered_again_after_a_kill"] = counts["delivered_again_after_a_kill"]
@@ -215,6 +217,8 @@ class Trial:
         counts["duplicates"] += self.extra_creations
         if unplanned:
             self.notes["unplanned_failures"] = unplanned
+        if doubled:
+            self.notes["delivered_twice"] = doubled
         return {name: counts[name] for name in JUDGED}
 
     def _dead_letters(self) -> set[str]:
@@ -487,36 +491,52 @@ def lambda_kills(trial: Trial, tasks: int) -> None:
     (`Lambda.Unknown`); and a fifth of the final marks hang in DynamoDB past the
     invocation's end. Fire's retry takes each task over once the dead invocation's lease
     is over; what the dead one delivered may be delivered again (at least once, counted
-    apart); a send whose final mark hung is logged in time and not sent again."""
+    apart), as may what a sandbox whose memory was cut sends in a later invocation, which
+    it may not outlive either; a send whose final mark hung is logged in time and not sent
+    again."""
     pool = trial.runtime.sandboxes
     if pool is None:
         raise NeedsLambdaLimits("lambda-kills kills sandboxes: run it with --lambda-limits")
     trial.runtime.time_out_at(WEBHOOK, SANDBOX_TIMEOUT_S)
-    hang = Fault("hang", 0, 1 / 5, hang_s=SANDBOX_TIMEOUT_S + 5, when='":status"')
+    # the first final mark hangs whatever the draw, so that every run meets one
+    hang = Fault("hang", 0, 1 / 5, hang_s=SANDBOX_TIMEOUT_S + 5, when='":status"', first=1)
     trial.runtime.dynamodb.set_faults("UpdateItem", [hang], seed=trial.rng.randrange(2**32))
     trial.exits.callback(trial.met_injected, {"hang": "final_marks_hung"})
     ids = trial.store(tasks, "killed", spread_ms=9000)  # a batch a second: a kill hits few
     chosen = trial.rng.sample(ids, max(2, len(ids) // 3))
     kills = {task_id: KILLS[i % 2] for i, task_id in enumerate(chosen)}
+    arrived: set[str] = set()
+    cut: set[Any] = set()  # environments whose memory was cut: they die in this send or a later
     lock = threading.Lock()
 
     def kill_mid_send(arrival: Any) -> None:
         with lock:
+            arrived.add(arrival.task_id)
             kill = kills.pop(arrival.task_id, None)
-        if kill is None:
-            return
         for environment in pool.busy(WEBHOOK):
             batch = environment.running or {}
             named = {f"{t['task_id']}:{t['version']}" for t in batch.get("tasks", [])}
-            if arrival.idempotency_key in named and kill(environment):
+            if arrival.idempotency_key not in named:
+                continue
+            if environment in cut:  # what it sends now dies with it if its memory runs out
+                trial.may_repeat.update(named)
+            elif kill is not None and kill(environment):
                 trial.may_repeat.update(named)
                 trial.met(kill.__name__)
+                cut.update([environment] if kill is out_of_memory else [])
+                return
+        if kill is not None:  # it missed (its sandbox grew past the cut): a later task's turn
+            with lock:
+                later = [t for t in ids if t not in arrived and t not in kills]
+                if later:
+                    kills[later[0]] = kill
 
     trial.receiver.on_arrival = kill_mid_send
     trial.exits.callback(setattr, trial.receiver, "on_arrival", None)
     trial.finder_until_done()
     _until_no_execution_runs_nor_lease_holds(trial)
-    trial.receiver.on_arrival = None  # the kills are over: what the reconciler starts lives
+    with lock:
+        kills.clear()  # the kills are over: what the reconciler starts lives (but in a cut one)
     # Its look two minutes past the tasks' due times, brought forward: it requeues each task
     # a dead invocation left RUNNING (whose Fire retries ran out while its lease held).
     report = reconcile(settings(), max(trial.due.values()) + LOOK_AFTER_MS + 1)
