@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import lru_cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -140,17 +141,30 @@ def call_api(
     return reply["statusCode"], json.loads(reply["body"])
 
 
+def table(name: str) -> Any:
+    """A table of the runtime under test, as the tests read it: made once per runtime (a
+    boto3 resource costs some 10 ms of CPU to make, and a wait reads the task 20 times a
+    second: made at each read, the reads of 15 test processes took most of both cores)."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_DYNAMODB", "")
+    return _table(name, endpoint, id(boto3.DEFAULT_SESSION))
+
+
+@lru_cache(maxsize=4)
+def _table(name: str, endpoint: str, session: int) -> Any:
+    return boto3.resource("dynamodb").Table(name)
+
+
 def all_tasks() -> list[dict[str, Any]]:
-    return boto3.resource("dynamodb").Table(settings().tasks_table).scan()["Items"]
+    return table(settings().tasks_table).scan()["Items"]
 
 
 def all_schedules() -> list[dict[str, Any]]:
-    return boto3.resource("dynamodb").Table(settings().schedules_table).scan()["Items"]
+    return table(settings().schedules_table).scan()["Items"]
 
 
 def stored(task_id: str) -> dict[str, Any]:
-    table = boto3.resource("dynamodb").Table(settings().tasks_table)
-    return table.get_item(Key={"task_id": task_id}, ConsistentRead=True)["Item"]
+    reply = table(settings().tasks_table).get_item(Key={"task_id": task_id}, ConsistentRead=True)
+    return reply["Item"]
 
 
 def wait_for_status(task_id: str, statuses: set[str], timeout_s: float = 30) -> dict[str, Any]:

@@ -50,7 +50,7 @@ EXECUTORS = "ExecutorFunction"
 
 def _tasks() -> list[dict[str, Any]]:
     """Every task in the table (not the finder's and the reconciler's horizons)."""
-    items = boto3.resource("dynamodb").Table(settings().tasks_table).scan()["Items"]
+    items = aws.resource("dynamodb").Table(settings().tasks_table).scan()["Items"]
     return [item for item in items if item["task_id"] != HORIZONS_KEY["task_id"]]
 
 
