@@ -11,6 +11,12 @@ the task names it (`body`). The body is written first: a task is never stored wi
 body, and a body left without a task (its put refused) is deleted by TTL with the others,
 RetentionDays after the due time plus DEAD_LETTER_DAYS, so that a task an operator
 redrives from the dead-letter queue still has it.
+
+A schedule's large body goes apart the same way, under `<schedule id>:<digest>`, written
+in one transaction with the schedule (`tocsin.schedule_store`), and its occurrences name
+it rather than a body of their own: neither the schedule's advance at each occurrence nor
+the occurrence carries it. It has no time to live while a revision of the schedule names
+it; once none does (an edit to another body, a delete), it is given one: `retired_at`.
 """
 
 import hashlib
@@ -32,19 +38,53 @@ CONTENT = ("target", "payload")
 
 
 def split(item: dict[str, Any], config: Settings) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The task's item as stored, and its body's item if the body goes apart (else None)."""
-    if sum(len(item[name].encode()) for name in CONTENT) <= INLINE_BYTES:
+    """The task's item as stored, and its body's item if the body goes apart (else None).
+    A task that names its body already (a schedule's occurrence: its schedule's) is kept."""
+    if "body" in item or _small(item):
         return item, None
-    digest = hashlib.sha256((item["target"] + "\0" + item["payload"]).encode()).hexdigest()
-    key = f"{item['task_id']}:{item['version']}:{digest[:16]}"
+    key = f"{item['task_id']}:{item['version']}:{_digest(item)}"
     expires_at = config.expires_at(int(item["due_ms"])) + DEAD_LETTER_DAYS * 86_400
-    body = {"key": key, **{name: item[name] for name in CONTENT}, "expires_at": expires_at}
-    task = {name: value for name, value in item.items() if name not in CONTENT}
-    return {**task, "body": key}, body
+    return _apart(item, key, {"expires_at": expires_at})
+
+
+def split_schedule(item: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The schedule's item as stored, and its body's item if the body goes apart (else
+    None): kept while a revision names it, so without a time to live."""
+    if _small(item):
+        return item, None
+    return _apart(item, f"{item['schedule_id']}:{_digest(item)}", {})
+
+
+def retired_at(config: Settings, now_ms: int) -> int:
+    """When a schedule's body that no revision names from now on may go: after the
+    occurrences made from it (due within the look-ahead) have their retention, and the
+    dead-letter queue its days, as a task's body does."""
+    return config.expires_at(now_ms + config.lookahead_s * 1000) + DEAD_LETTER_DAYS * 86_400
+
+
+def _small(item: dict[str, Any]) -> bool:
+    return sum(len(item[name].encode()) for name in CONTENT) <= INLINE_BYTES
+
+
+def _digest(item: dict[str, Any]) -> str:
+    return hashlib.sha256((item["target"] + "\0" + item["payload"]).encode()).hexdigest()[:16]
+
+
+def _apart(
+    item: dict[str, Any], key: str, extra: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    body = {"key": key, **{name: item[name] for name in CONTENT}, **extra}
+    return naming(item, key), body
+
+
+def naming(item: dict[str, Any], key: str) -> dict[str, Any]:
+    """`item` without its target and payload, naming the body that holds them."""
+    return {name: value for name, value in item.items() if name not in CONTENT} | {"body": key}
 
 
 class BodyStore:
     def __init__(self, table_name: str):
+        self.table_name = table_name
         self._dynamodb = aws.resource("dynamodb")
         self._table = self._dynamodb.Table(table_name)
 

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tocsin import clock
+from tocsin.bodies import naming
 from tocsin.dispatch import DueTask, due_task, stop_own_execution
 from tocsin.model import TaskStatus, TaskType
 from tocsin.observability import logger
@@ -57,11 +58,13 @@ def occurrence_task(
     schedule: dict[str, Any], due_ms: int, now_ms: int, config: Settings
 ) -> dict[str, Any]:
     task_id = occurrence_id(schedule["schedule_id"], due_ms)
-    content = schedule["target"], schedule["payload"]
+    content = schedule.get("target", ""), schedule.get("payload", "")
     task_type, attempts = TaskType(schedule["task_type"]), int(schedule["max_attempts"])
     item = task_item(
         task_id, due_ms, task_type, content, attempts, schedule["owner"], now_ms, config
     )
+    if "body" in schedule:  # kept apart: the occurrence names it too (tocsin.bodies)
+        item = naming(item, schedule["body"])
     return {
         **item,
         "schedule_id": schedule["schedule_id"],

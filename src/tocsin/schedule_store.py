@@ -5,7 +5,8 @@ task. An occurrence becomes a task in one transaction with the schedule's advanc
 conditional: the schedule still at the revision and `next_ms` that were read, and the task
 new (or an unclaimed occurrence of an older revision, replaced as its next version). Two
 finders, a retried write or an edit racing the finder therefore give one task per
-occurrence, and nothing is half-written.
+occurrence, and nothing is half-written. A large body goes apart (`tocsin.bodies`), in one
+transaction with the schedule's write that names it.
 """
 
 from collections.abc import Iterator
@@ -14,8 +15,8 @@ from typing import Any
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 
-from tocsin import aws
-from tocsin.bodies import CONTENT, BodyStore
+from tocsin import aws, clock
+from tocsin.bodies import CONTENT, BodyStore, retired_at, split_schedule
 from tocsin.model import TaskStatus
 from tocsin.settings import settings
 
@@ -61,22 +62,41 @@ class ScheduleStore:
         self._bodies = BodyStore(settings().bodies_table)
 
     def create(self, item: dict[str, Any]) -> dict[str, Any] | None:
-        """Write a new schedule; if the id is taken, the schedule already there instead."""
+        """Write a new schedule, its body apart with it if large; if the id is taken, the
+        schedule already there instead."""
+        stored, body = split_schedule(item)
+        condition = "attribute_not_exists(schedule_id)"
+        if body is None:
+            try:
+                self._table.put_item(Item=stored, ConditionExpression=condition)
+            except self._conditional_failed:
+                return self.get(item["schedule_id"])
+            return None
+        put = {"TableName": self._tables[0], "Item": _values(stored)}
+        writes = [{"Put": put | {"ConditionExpression": condition}}, self._body_put(body)]
         try:
-            self._table.put_item(Item=item, ConditionExpression="attribute_not_exists(schedule_id)")
-        except self._conditional_failed:
-            return self.get(item["schedule_id"])
+            self._client.transact_write_items(TransactItems=writes)
+        except self._cancelled as error:
+            if error.response["CancellationReasons"][0].get("Code") == "ConditionalCheckFailed":
+                return self.get(item["schedule_id"])
+            raise
         return None
 
     def get(self, schedule_id: str) -> dict[str, Any] | None:
+        """The schedule as stored: its body may be apart (`whole`)."""
         reply = self._table.get_item(Key={"schedule_id": schedule_id}, ConsistentRead=True)
         return reply.get("Item")
+
+    def whole(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The schedules with their targets and payloads, the bodies kept apart read in."""
+        return self._bodies.attach(items)
 
     def replace(
         self, current: dict[str, Any], item: dict[str, Any] | None, leftovers: dict[str, Any]
     ) -> bool:
         """Write the edited schedule `item` (None: delete it) over `current`, as it was read,
-        and the record of `current`'s leftovers, in one; False if it changed meanwhile."""
+        and the record of `current`'s leftovers, in one; False if it changed meanwhile.
+        With them, a new large body is written, and one no longer named given its time."""
         key = {"schedule_id": _serialize(current["schedule_id"])}
         seen = {":rev": current["revision"], ":owner": current["owner"]}
         condition = "revision = :rev AND #o = :owner AND "
@@ -91,17 +111,40 @@ class ScheduleStore:
             "ExpressionAttributeNames": {"#o": "owner"},
             "ExpressionAttributeValues": _values(seen),
         }
+        stored, body = split_schedule(item) if item is not None else (None, None)
         write = (
             {"Delete": change | {"Key": key}}
-            if item is None
-            else {"Put": change | {"Item": _values(item)}}
+            if stored is None
+            else {"Put": change | {"Item": _values(stored)}}
         )
         record = {"Put": {"TableName": self._tables[0], "Item": _values(leftovers)}}
+        writes = [write, record]
+        old, new = current.get("body"), body and body["key"]
+        if body is not None and new != old:
+            writes.append(self._body_put(body))
+        if old is not None and new != old:
+            writes.append(self._body_retired(old))
         try:
-            self._client.transact_write_items(TransactItems=[write, record])
+            self._client.transact_write_items(TransactItems=writes)
         except self._cancelled:
             return False
         return True
+
+    def _body_put(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {"Put": {"TableName": self._bodies.table_name, "Item": _values(body)}}
+
+    def _body_retired(self, key: str) -> dict[str, Any]:
+        """A body no revision names from now on, given its time to live."""
+        return {
+            "Update": {
+                "TableName": self._bodies.table_name,
+                "Key": {"key": _serialize(key)},
+                "UpdateExpression": "SET expires_at = :expires",
+                "ExpressionAttributeValues": _values(
+                    {":expires": retired_at(settings(), clock.now_ms())}
+                ),
+            }
+        }
 
     def forget_leftovers(self, key: str) -> None:
         """Its leftovers are all cancelled: the record goes."""

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from tocsin import clock
+from tocsin.bodies import split_schedule
 from tocsin.dispatch import dispatch_all, look_again_now
 from tocsin.errors import Conflict, InvalidSchedule, NotFound
 from tocsin.index_keys import shard_of
@@ -205,6 +206,12 @@ def schedule_view(item: dict[str, Any], now_ms: int) -> dict[str, Any]:
     return view
 
 
+def _view(store: ScheduleStore, item: dict[str, Any], now_ms: int) -> dict[str, Any]:
+    """`schedule_view` of a schedule as stored, its body read in if it is apart."""
+    [whole] = store.whole([item])
+    return schedule_view(whole, now_ms)
+
+
 def _iso(ms: Any) -> str | None:
     return None if ms is None else clock.to_iso(int(ms))
 
@@ -255,14 +262,14 @@ def create_schedule(body: Any, owner: str, config: Settings) -> tuple[dict[str, 
     if existing is not None:
         if existing.get("body_hash") != item["body_hash"]:
             raise Conflict(f"id: schedule {schedule_id!r} exists with another body", "id")
-        return schedule_view(existing, now), False
-    _turn_near_occurrences(item, config)
-    return schedule_view(store.get(schedule_id) or item, clock.now_ms()), True
+        return _view(store, existing, now), False
+    _turn_near_occurrences(split_schedule(item)[0], config)  # as stored: its body apart
+    return _view(store, store.get(schedule_id) or item, clock.now_ms()), True
 
 
 def get_schedule(schedule_id: str, owner: str, config: Settings) -> dict[str, Any]:
     store, now = _store(config), clock.now_ms()
-    view = schedule_view(_owned(store, schedule_id, owner), now)
+    view = _view(store, _owned(store, schedule_id, owner), now)
     fired = TaskStore(config.tasks_table).last_fired(schedule_id, owner, now)
     return view | {"last_fired_at": fired}
 
@@ -278,10 +285,11 @@ def list_schedules(query: dict[str, str], owner: str, config: Settings) -> dict[
         if listing.next
         else None
     )
-    items, last = _store(config).owned(owner, listing.limit, start)
+    store = _store(config)
+    items, last = store.owned(owner, listing.limit, start)
     now = clock.now_ms()
     return {
-        "schedules": [schedule_view(item, now) for item in items],
+        "schedules": [schedule_view(item, now) for item in store.whole(items)],
         "next": encode_page_key(last, owner) if last else None,
     }
 
@@ -321,7 +329,8 @@ def update_schedule(schedule_id: str, body: Any, owner: str, config: Settings) -
     current = _owned(store, schedule_id, owner)
     for _ in range(CHANGE_TRIES):
         now = clock.now_ms()
-        item = _edited(current, change, config, now)
+        [whole] = store.whole([current])
+        item = _edited(whole, change, config, now)
         revision = int(item["revision"])
         leftovers = leftovers_record(current, revision, str(revision), config, now)
         if store.replace(current, item, leftovers):
@@ -331,9 +340,9 @@ def update_schedule(schedule_id: str, body: Any, owner: str, config: Settings) -
             raise _changed_meanwhile(schedule_id)
     else:  # a finder moved it on each time
         raise _changed_meanwhile(schedule_id)
-    _turn_near_occurrences(item, config)
+    _turn_near_occurrences(split_schedule(item)[0], config)  # as stored: its body apart
     finish_leftovers(store, leftovers, config, time.monotonic() + LEFTOVERS_BUDGET_S)
-    return schedule_view(store.get(schedule_id) or item, clock.now_ms())
+    return _view(store, store.get(schedule_id) or item, clock.now_ms())
 
 
 def _edited(
@@ -372,7 +381,7 @@ def delete_schedule(schedule_id: str, owner: str, config: Settings) -> dict[str,
         if pending is None or pending.get("leftovers_owner") != owner:
             raise NotFound(f"id: no schedule {schedule_id!r}", field="id")
         finish_leftovers(store, pending, config, deadline)
-        return schedule_view(as_it_was(pending), now)
+        return _view(store, as_it_was(pending), now)
     for _ in range(CHANGE_TRIES):
         leftovers = leftovers_record(current, int(current["revision"]) + 1, DELETED, config, now)
         if store.replace(current, None, leftovers):
@@ -381,4 +390,4 @@ def delete_schedule(schedule_id: str, owner: str, config: Settings) -> dict[str,
     else:
         raise _changed_meanwhile(schedule_id)
     finish_leftovers(store, leftovers, config, deadline)
-    return schedule_view(current, now)
+    return _view(store, current, now)

@@ -31,6 +31,7 @@ from tests.conftest import (
     stop_executions,
     store_pending,
     stored,
+    table,
     webhook_task,
 )
 from tests.integration.test_targets import (
@@ -46,6 +47,7 @@ from tocsin.index_keys import LOOK_AFTER_MS, check_keys
 from tocsin.local.runtime import scheduled_event
 from tocsin.local.stack import ACCOUNT_ID, REGION
 from tocsin.model import TaskStatus
+from tocsin.schedules import ScheduleSpec
 from tocsin.settings import settings
 from tocsin.store import TaskStore
 
@@ -265,7 +267,7 @@ def test_the_api_role_allows_every_call_of_the_api(runtime, calls, receiver):
     task = webhook_task(receiver.url, clock.now_ms() + 3_600_000, "later", LARGE)
     soon = webhook_task(receiver.url, clock.now_ms() + 15_000, "soon")
     schedule = every_minute(receiver.url, clock.now_ms() + 12_000)  # its first made at once
-    schedule["payload"] = LARGE  # the occurrence's body written apart
+    schedule["payload"] = LARGE  # its body written apart with it, and retired at its delete
     steps = [
         ("POST", "/tasks", task),
         ("POST", "/tasks", soon),  # started at once: due within the look-ahead
@@ -298,7 +300,8 @@ def test_the_api_role_allows_every_call_of_the_api(runtime, calls, receiver):
         "states:StartExecution",
         "states:StopExecution",
     } <= calls.actions("ApiFunction")
-    assert on_bodies(calls, "ApiFunction") == {"dynamodb:PutItem", "dynamodb:BatchGetItem"}
+    bodies = {"dynamodb:PutItem", "dynamodb:BatchGetItem", "dynamodb:UpdateItem"}
+    assert on_bodies(calls, "ApiFunction") == bodies
     assert refused(runtime, calls) == []
 
 
@@ -320,8 +323,13 @@ def test_the_finder_role_allows_every_call_of_the_finder(runtime, calls, receive
     claim_as(gone(runtime), fired, ENDED)
     assert store.finish(fired, 1, TEST_ATTEMPT, TaskStatus.SUCCEEDED, {"attempts": 1})
     schedule = every_minute(receiver.url, clock.now_ms() + config.lookahead_s * 1000 + 2_000)
-    schedule["payload"] = LARGE  # the occurrence's body written apart
+    schedule["payload"] = LARGE  # its body apart: its occurrence names it, writes none
     assert call_api(runtime, "POST", "/schedules", schedule)[0] == 201  # beyond the look-ahead
+    # one stored before schedules' bodies went apart: its occurrence's body is written apart
+    spec = ScheduleSpec.model_validate(schedule | {"id": "legacy"})
+    now = clock.now_ms()
+    legacy = schedules._schedule_item("legacy", spec, "alice", now, now, config)
+    table(config.schedules_table).put_item(Item=legacy)
     doomed = every_minute(receiver.url, clock.now_ms() + 12_000) | {"id": "doomed"}
     assert call_api(runtime, "POST", "/schedules", doomed)[0] == 201  # its first made, started
     with mock.patch.object(schedules, "LEFTOVERS_BUDGET_S", 0.0):  # its cancel left to the finder
@@ -330,8 +338,9 @@ def test_the_finder_role_allows_every_call_of_the_finder(runtime, calls, receive
     with calls.of("FinderFunction"):
         report = runtime.invoke("FinderFunction", scheduled_event())
     stop_executions()
-    assert (report["started"], report["requeued"], report["letters_sent"]) == (3, 1, 1)
-    assert (report["occurrences_made"], report["leftovers_finished"]) == (1, 1)
+    # started: one more than the new schedule alone makes, the legacy one's occurrence
+    assert (report["started"], report["requeued"], report["letters_sent"]) == (4, 1, 1)
+    assert (report["occurrences_made"], report["leftovers_finished"]) == (2, 1)
     assert {
         "dynamodb:Query",
         "dynamodb:BatchGetItem",
