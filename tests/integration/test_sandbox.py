@@ -28,9 +28,14 @@ def writable_cgroups() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(
-    writable_cgroups() is not None, reason=f"no sandbox here: {writable_cgroups()}"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        writable_cgroups() is not None, reason=f"no sandbox here: {writable_cgroups()}"
+    ),
+    # a developer's tool (`--lambda-limits`), on the developer's Python: the handlers it runs
+    # are run on the functions' Python by every other test
+    pytest.mark.any_python,
+]
 
 SHARE_256_MB = 256 / sandbox.MB_PER_CORE
 # A quota caps the share: the machine's other work can only lower what a busy loop gets.

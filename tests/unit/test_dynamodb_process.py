@@ -15,6 +15,9 @@ from moto.dynamodb.responses import DynamoHandler
 from tocsin.local.dynamodb_process import DYNAMODB_HOST, DynamoDBProcess, _moto_request
 from tocsin.local.stack import REGION
 
+# the embedded runtime's own machinery: it runs on the developer's Python, never on Lambda's
+pytestmark = pytest.mark.any_python
+
 BODY = json.dumps({"TableName": "t", "Key": {"id": {"S": "é"}}}).encode()
 SENT = {
     "Host": "127.0.0.1:4000",

@@ -3,9 +3,14 @@
 import threading
 import time
 
+import pytest
+
 from tocsin import clock, gate
 from tocsin.local import gates_first
 from tocsin.local.gates_first import GatesFirst
+
+# the embedded runtime's own machinery: it runs on the developer's Python, never on Lambda's
+pytestmark = pytest.mark.any_python
 
 
 def _sleeping_gate(first: GatesFirst, due_ms: int) -> tuple[threading.Thread, list[int]]:

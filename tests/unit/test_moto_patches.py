@@ -15,6 +15,9 @@ from moto import mock_aws
 
 from tocsin.local.moto_patches import dynamodb_patches
 
+# the embedded runtime's own machinery: it runs on the developer's Python, never on Lambda's
+pytestmark = pytest.mark.any_python
+
 
 @pytest.fixture
 def table():

@@ -8,6 +8,9 @@ from botocore.awsrequest import AWSResponse
 
 from tocsin.local.dynamodb_process import unsigned_to
 
+# the embedded runtime's own machinery: it runs on the developer's Python, never on Lambda's
+pytestmark = pytest.mark.any_python
+
 OWN = "http://127.0.0.1:812"
 
 
