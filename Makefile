@@ -18,10 +18,14 @@ unexport PYTHONDONTWRITEBYTECODE
 RUNTIME_VENV   := .venv-313
 RUNTIME_PYTHON := $(shell MAKEFLAGS= $(MAKE) -s --no-print-directory -C layers/tocsin runtime-python)
 
-# Test processes per Python. Most of a test's time is spent waiting for a due time, so
-# more processes than cores keep both busy; WORKERS=0 runs the tests in this process.
+# Test processes per pass. Most of a test's time is spent waiting for a due time, so
+# more processes than cores keep both busy; WORKERS=0 runs the tests in this process. The
+# tools' tests wait longest (benches, restarts of serve) and get more, the 3.13 pass, which
+# ended a minute and a half before the others, fewer: each process costs its collection.
 WORKERS ?= 4
 PYTEST   = -q -n $(WORKERS) --dist loadgroup
+TOOL_WORKERS    ?= $(if $(filter 0,$(WORKERS)),0,6)
+RUNTIME_WORKERS ?= $(if $(filter 0,$(WORKERS)),0,3)
 
 # In CI (`CI=true`, as CI services set it) a group of checks that cannot run here fails
 # `make test`, naming what to install, and so does any test that pytest skips
@@ -75,7 +79,7 @@ tests: $(VENV)/.installed dynamodb-local asl-interpreter chromium
 	@$(call judged,tests-$(PYTHON_VERSION),$(BIN)/pytest $(PYTEST) -m "not tool and not built")
 
 tests-tools: $(VENV)/.installed dynamodb-local
-	@$(call judged,tools,$(BIN)/pytest $(PYTEST) -m tool)
+	@$(call judged,tools,$(BIN)/pytest $(PYTEST) -n $(TOOL_WORKERS) -m tool)
 
 tests-built: sam-build
 	@$(call judged,templates,$(BIN)/pytest -q -m built)
@@ -89,7 +93,8 @@ tests-runtime: dynamodb-local $(if $(RUNTIME_PYTHON),$(RUNTIME_VENV)/.installed)
 ifeq ($(RUNTIME_PYTHON),)
 	@$(call missing,tests-3.13,no Python 3.13 (python3.13 on the PATH, or pyenv install 3.13))
 else
-	@$(call judged,tests-3.13,$(RUNTIME_VENV)/bin/pytest $(PYTEST) -m "not any_python and not tool and not built")
+	@$(call judged,tests-3.13,$(RUNTIME_VENV)/bin/pytest $(PYTEST) -n $(RUNTIME_WORKERS) \
+		-m "not any_python and not tool and not built")
 endif
 
 # The console's browser tests drive Debian's Chromium (tests/integration/test_console.py).
