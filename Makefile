@@ -20,10 +20,9 @@ RUNTIME_PYTHON := $(shell MAKEFLAGS= $(MAKE) -s --no-print-directory -C layers/t
 
 # Test processes per pass. Most of a test's time is spent waiting for a due time, so
 # more processes than cores keep both busy; WORKERS=0 runs the tests in this process. The
-# passes share the two cores, and get processes by when they ended with four each: the
-# tools' (benches, restarts of serve) last, so six; 3.11's next, five; the 3.13 pass a
-# minute and a half before the others, three (each process costs its collection).
-WORKERS ?= 5
+# tools' tests wait longest (benches, restarts of serve) and get more, the 3.13 pass, which
+# ended a minute and a half before the others, fewer: each process costs its collection.
+WORKERS ?= 4
 PYTEST   = -q -n $(WORKERS) --dist loadgroup
 TOOL_WORKERS    ?= $(if $(filter 0,$(WORKERS)),0,6)
 RUNTIME_WORKERS ?= $(if $(filter 0,$(WORKERS)),0,3)
