@@ -23,9 +23,10 @@ RUNTIME_PYTHON := $(shell MAKEFLAGS= $(MAKE) -s --no-print-directory -C layers/t
 # tools' tests wait longest (benches, restarts of serve) and get more, the 3.13 pass, which
 # ended a minute and a half before the others, fewer: each process costs its collection.
 WORKERS ?= 4
-PYTEST   = -q -n $(WORKERS) --dist loadgroup
 TOOL_WORKERS    ?= $(if $(filter 0,$(WORKERS)),0,6)
 RUNTIME_WORKERS ?= $(if $(filter 0,$(WORKERS)),0,3)
+pytest_in = -q -n $(1) --dist loadgroup
+PYTEST    = $(call pytest_in,$(WORKERS))
 
 # In CI (`CI=true`, as CI services set it) a group of checks that cannot run here fails
 # `make test`, naming what to install, and so does any test that pytest skips
@@ -79,7 +80,7 @@ tests: $(VENV)/.installed dynamodb-local asl-interpreter chromium
 	@$(call judged,tests-$(PYTHON_VERSION),$(BIN)/pytest $(PYTEST) -m "not tool and not built")
 
 tests-tools: $(VENV)/.installed dynamodb-local
-	@$(call judged,tools,$(BIN)/pytest $(PYTEST) -n $(TOOL_WORKERS) -m tool)
+	@$(call judged,tools,$(BIN)/pytest $(call pytest_in,$(TOOL_WORKERS)) -m tool)
 
 tests-built: sam-build
 	@$(call judged,templates,$(BIN)/pytest -q -m built)
@@ -93,7 +94,7 @@ tests-runtime: dynamodb-local $(if $(RUNTIME_PYTHON),$(RUNTIME_VENV)/.installed)
 ifeq ($(RUNTIME_PYTHON),)
 	@$(call missing,tests-3.13,no Python 3.13 (python3.13 on the PATH, or pyenv install 3.13))
 else
-	@$(call judged,tests-3.13,$(RUNTIME_VENV)/bin/pytest $(PYTEST) -n $(RUNTIME_WORKERS) \
+	@$(call judged,tests-3.13,$(RUNTIME_VENV)/bin/pytest $(call pytest_in,$(RUNTIME_WORKERS)) \
 		-m "not any_python and not tool and not built")
 endif
 

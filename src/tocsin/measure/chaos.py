@@ -523,7 +523,8 @@ def lambda_kills(trial: Trial, tasks: int) -> None:
             elif kill is not None and kill(environment):
                 trial.may_repeat.update(named)
                 trial.met(kill.__name__)
-                cut.update([environment] if kill is out_of_memory else [])
+                if kill is out_of_memory:
+                    cut.add(environment)
                 return
         if kill is not None:  # it missed (its sandbox grew past the cut): a later task's turn
             with lock:
