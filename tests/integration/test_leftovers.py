@@ -1,5 +1,5 @@
-"""Nothing Tocsin starts outlives what started it: DynamoDB Local's JVM, the DynamoDB process,
-the receiver, however their parent ends (its stop, SIGTERM, Ctrl-C, SIGKILL).
+"""Nothing Tocsin starts outlives what started it: DynamoDB Local's JVM and its folder, the
+DynamoDB process, the receiver, however their parent ends (its stop, SIGTERM, Ctrl-C, SIGKILL).
 
 Each run here carries a mark in its environment, which every process it starts inherits
 (the JVM too): after the run, no process on the machine may carry it. A JVM left behind
@@ -43,6 +43,11 @@ def marked(mark: str) -> list[int]:
     return found
 
 
+def program(pid: int) -> str:
+    """The name of the program process `pid` runs (its first argument's last part)."""
+    return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode().rpartition("/")[2]
+
+
 def all_gone(mark: str) -> list[int]:
     """The marked processes still there once they had time to end (none, if all went)."""
     deadline = time.monotonic() + GONE_TIMEOUT_S
@@ -84,13 +89,15 @@ def test_dynamodb_locals_jvm_ends_with_the_process_that_started_it(ending):
     )
     assert parent.stdout is not None
     assert parent.stdout.readline().strip() == "idle"
-    jvms = [pid for pid in marked(mark) if b"java" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    jvms = [pid for pid in marked(mark) if program(pid) == "java"]
     assert jvms, "no JVM was started"
+    folders = [Path(f"/proc/{pid}/cwd").readlink() for pid in jvms]  # its metadata file's
     if ending != "exit":
         parent.send_signal(getattr(signal, ending))
     parent.wait(timeout=60)
     parent.stdout.close()
     assert all_gone(mark) == []
+    assert [folder for folder in folders if folder.exists()] == []
 
 
 @pytest.mark.slow

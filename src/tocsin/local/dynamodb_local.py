@@ -13,7 +13,9 @@ module's `keep`): the keeper ends the JVM when its standard input closes (its pa
 exited, was interrupted or killed: the kernel closes the pipe), and on Linux the JVM is
 also sent SIGKILL when the keeper itself dies (a parent-death signal), so a keeper killed
 with SIGKILL takes it along. A process kept idle for the next runtime (below) no longer
-outlives a test run: five JVMs of 250 MB each were left after every `make test`.
+outlives a test run: five JVMs of 250 MB each were left after every `make test`. The folder
+the JVM writes its metadata in is the keeper's too, removed as the keeper ends: one was
+left in /tmp each time a test killed the process that started a JVM.
 
 As a runtime's tables it stands where the moto DynamoDB process does
 (`tocsin.local.dynamodb_process`), but for what only that process has: the write meter,
@@ -24,6 +26,7 @@ for the next runtime of the process, as the moto process is kept.
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -55,8 +58,6 @@ class DynamoDBLocal:
         self.endpoint = ""
         self._process: subprocess.Popen[str] | None = None  # the keeper
         self._jvm_pid = 0
-        # where it writes its metadata file (the working directory), not the checkout
-        self._folder = tempfile.TemporaryDirectory(prefix="tocsin-dynamodb-local-")
 
     def __enter__(self) -> "DynamoDBLocal":
         path = jar()
@@ -70,7 +71,6 @@ class DynamoDBLocal:
                 [sys.executable, "-m", "tocsin.local.dynamodb_local", *java],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                cwd=self._folder.name,
                 text=True,
             )
             assert self._process.stdout is not None
@@ -83,7 +83,6 @@ class DynamoDBLocal:
 
     def __exit__(self, *exc: Any) -> None:
         self._stop()
-        self._folder.cleanup()
 
     def _answers(self, port: int) -> bool:
         """Whether the child listens on `port` before it ends or READY_TIMEOUT_S passes."""
@@ -178,12 +177,19 @@ class DynamoDBLocalTables:
 
 def keep(command: list[str]) -> None:
     """The keeper's life: run `command` (the JVM), print its process id, and end it when
-    this process's standard input closes or SIGTERM comes; end with it if it ends first."""
+    this process's standard input closes or SIGTERM comes; end with it if it ends first.
+    The JVM writes a metadata file in its working directory: a folder of the keeper's,
+    removed as the keeper ends, which the keeper's parent, killed, could not have done."""
+    folder = tempfile.mkdtemp(prefix="tocsin-dynamodb-local-")
     jvm = subprocess.Popen(
         command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, preexec_fn=_killed_with_parent,
+        stderr=subprocess.DEVNULL, cwd=folder, preexec_fn=_killed_with_parent,
     )  # fmt: skip
     print(jvm.pid, flush=True)
+
+    def leave(code: int) -> None:
+        shutil.rmtree(folder, ignore_errors=True)
+        os._exit(code)
 
     def end(*_: object) -> None:
         jvm.terminate()
@@ -191,11 +197,12 @@ def keep(command: list[str]) -> None:
             jvm.wait(timeout=10)
         except subprocess.TimeoutExpired:
             jvm.kill()
-        os._exit(0)
+            jvm.wait()
+        leave(0)
 
     signal.signal(signal.SIGTERM, end)
     signal.signal(signal.SIGINT, end)  # Ctrl-C reaches the whole group: end it in order
-    threading.Thread(target=lambda: os._exit(jvm.wait()), daemon=True).start()
+    threading.Thread(target=lambda: leave(jvm.wait()), daemon=True).start()
     sys.stdin.read()
     end()
 
