@@ -79,8 +79,11 @@ check: lint $(VENV)/.installed
 tests: $(VENV)/.installed dynamodb-local asl-interpreter chromium
 	@$(call judged,tests-$(PYTHON_VERSION),$(BIN)/pytest $(PYTEST) -m "not tool and not built")
 
+# The tools' tests live in a few files, and their pass collects those alone: each of its
+# processes spent about 5 s of CPU importing and collecting the other files for nothing.
+TOOL_TESTS := $(shell grep -rlE --include='test_*.py' 'pytest\.mark\.tool\b' tests)
 tests-tools: $(VENV)/.installed dynamodb-local
-	@$(call judged,tools,$(BIN)/pytest $(call pytest_in,$(TOOL_WORKERS)) -m tool)
+	@$(call judged,tools,$(BIN)/pytest $(call pytest_in,$(TOOL_WORKERS)) -m tool $(TOOL_TESTS))
 
 tests-built: sam-build
 	@$(call judged,templates,$(BIN)/pytest -q -m built)
@@ -197,7 +200,13 @@ statelint: $(VENV)/.installed $(CHKENV)/.installed
 # installs, the layer's `sam build`) runs one at a time.
 UV := $(BIN)/uv
 UV_LOCK := .build/uv.txt
-uv_install = $(UV) pip install -q --compile-bytecode --python $(1)/bin/python
+uv_install = $(UV) pip install -q --python $(1)/bin/python
+# A .venv's bytecode is compiled once installed, but for the packages that no test imports
+# or imports once (cfn-lint's sympy and networkx, which moto requires; mutmut's libcst and
+# textual; the installers; the bench's plot): 20 s of CPU a .venv, where compiling them
+# whole took 37 s. The few modules left are compiled as they are first imported.
+UNIMPORTED := sympy|mpmath|networkx|cfnlint|libcst|textual|mutmut|pip|setuptools|matplotlib|numpy|PIL|fontTools
+compile_imported = $(1)/bin/python -m compileall -q -j 0 -x '/($(UNIMPORTED))/' $(1)/lib
 # The template checkers' environments are run by a handful of processes, each importing a
 # small part of them: compiled on import, they cost 40 s less CPU than compiled whole.
 uv_install_tool = $(UV) pip install -q --python $(1)/bin/python
@@ -212,11 +221,13 @@ $(UV): requirements/dev.txt
 
 $(VENV)/.locked: pyproject.toml requirements/dev.txt $(UV)
 	$(call uv_install,$(VENV)) --require-hashes -r requirements/dev.txt
+	$(call compile_imported,$(VENV))
 	touch $@
 
 $(RUNTIME_VENV)/.locked: pyproject.toml requirements/dev.txt $(UV)
 	$(RUNTIME_PYTHON) -m venv $(RUNTIME_VENV)
 	$(call uv_install,$(RUNTIME_VENV)) --require-hashes -r requirements/dev.txt
+	$(call compile_imported,$(RUNTIME_VENV))
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.locked
