@@ -168,13 +168,16 @@ def stored(task_id: str) -> dict[str, Any]:
 
 
 def wait_for_status(task_id: str, statuses: set[str], timeout_s: float = 30) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
+    """The task once in one of `statuses` (one not yet written, a callback say, is waited
+    for too)."""
+    tasks, deadline = table(settings().tasks_table), time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        item = stored(task_id)
-        if item["status"] in statuses:
+        item = tasks.get_item(Key={"task_id": task_id}, ConsistentRead=True).get("Item")
+        if item is not None and item["status"] in statuses:
             return item
         time.sleep(0.05)
-    raise AssertionError(f"{task_id} stayed {stored(task_id)['status']}, wanted {statuses}")
+    last = tasks.get_item(Key={"task_id": task_id}, ConsistentRead=True).get("Item")
+    raise AssertionError(f"{task_id} was {last and last['status']}, wanted {statuses}")
 
 
 def store_task(body: dict[str, Any], owner: str = "alice", submitted_ms: int | None = None) -> None:

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, JsonValue
 
+from tocsin.callbacks import Callback
 from tocsin.model import TaskStatus, TaskType
 
 
@@ -46,6 +47,9 @@ class TaskView(TaskSummary):
     payload: JsonValue
     execution: str | None = None  # the name of the Step Functions execution that claimed it
     tries: list[FailedTry] | None = None  # the attempts that failed, earliest first
+    on_success: Callback | None = None  # told the outcome once the task SUCCEEDED
+    on_failure: Callback | None = None  # once it FAILED (tocsin.callbacks)
+    callback_of: str | None = None  # a callback task's: the task whose outcome it tells
 
 
 class TaskPage(BaseModel):

@@ -229,6 +229,8 @@ def _submit_call(client: Any, args: argparse.Namespace) -> Any:
         payload=args.payload,
         id=args.id,
         max_attempts=args.max_attempts,
+        on_success=args.on_success,
+        on_failure=args.on_failure,
         **args.at,
     )
 
@@ -268,6 +270,12 @@ def _add_task_commands(commands: Any) -> None:
     submit.add_argument("--at", required=True, type=when, help="+90s, +2h or ISO-8601 with zone")
     submit.add_argument("--id", help="your id for the task (made up if left out)")
     submit.add_argument("--max-attempts", type=int, help="delivery attempts, 1-5 (3)")
+    for outcome in ("success", "failure"):
+        submit.add_argument(
+            f"--on-{outcome}",
+            type=json_argument,
+            help=f'told the outcome on {outcome}, JSON: {{"type": "webhook", "target": {{...}}}}',
+        )
     submit.set_defaults(run=_api_command, call=_submit_call)
 
     get = commands.add_parser("get", parents=[common], help="show a task")

@@ -194,12 +194,16 @@ class Client:
         delay: float | timedelta | None = None,
         id: str | None = None,
         max_attempts: int | None = None,
+        on_success: dict[str, Any] | None = None,
+        on_failure: dict[str, Any] | None = None,
     ) -> Task:
-        """Schedule a task; without `id` one is made here, so a retried call cannot double it."""
+        """Schedule a task; without `id` one is made here, so a retried call cannot double it.
+        `on_success` and `on_failure` ({"type", "target"}) are told the outcome once it ends
+        so."""
         body: dict[str, Any] = {"id": id or uuid.uuid4().hex, "type": type, "target": target}
         body |= {"payload": payload, **_timing(due_at, delay)}
-        if max_attempts is not None:
-            body["max_attempts"] = max_attempts
+        given = {"max_attempts": max_attempts, "on_success": on_success, "on_failure": on_failure}
+        body |= {name: value for name, value in given.items() if value is not None}
         return Task.model_validate(self._call("POST", "/tasks", body))
 
     def get(self, task_id: str) -> Task:

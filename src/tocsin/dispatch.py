@@ -30,6 +30,7 @@ from tocsin.settings import Settings
 from tocsin.store import TaskStore
 
 EXECUTORS = list(TaskType)  # the order of the state machine's executor array (Fire)
+NAME_LIMIT = 80  # characters of an execution's name
 
 
 @dataclass(frozen=True, order=True)
@@ -44,14 +45,16 @@ class DueTask:
     def member(self) -> str:
         """The task in an execution name: a requeued task needs a name not yet taken.
 
-        An occurrence's `.` becomes `_` and a digest of the id follows, so that the name
-        keeps to the characters CloudWatch Logs accepts and no submitted id can take it."""
+        An occurrence's or a callback's `.` becomes `_` and a digest of the id follows, so
+        that the name keeps to the characters CloudWatch Logs accepts and no submitted id
+        can take it; a name longer than Step Functions takes (80) loses the end of the id."""
         again = f"r{self.requeues}" if self.requeues else ""
+        suffix = f"-v{self.version}{again}"
         name = self.task_id
         if "." in name:
             digest = hashlib.sha256(name.encode()).hexdigest()[:8]
-            name = f"{name.replace('.', '_')}_{digest}"
-        return f"{name}-v{self.version}{again}"
+            name = f"{name.replace('.', '_')[: NAME_LIMIT - len(suffix) - 9]}_{digest}"
+        return f"{name}{suffix}"
 
     def as_input(self) -> dict[str, Any]:
         return {"task_id": self.task_id, "version": self.version, "due_ms": self.due_ms}
@@ -258,6 +261,11 @@ def staggers(batches: list[Batch], settings: Settings, now_ms: int) -> dict[Batc
 
 def execution_arn(state_machine_arn: str, name: str) -> str:
     return f"{state_machine_arn.replace(':stateMachine:', ':execution:')}:{name}"
+
+
+def machine_of(execution: str) -> str:
+    """The ARN of the state machine whose execution `execution` (an ARN) is."""
+    return execution.rpartition(":")[0].replace(":execution:", ":stateMachine:", 1)
 
 
 def execution_name(arn: str) -> str:

@@ -8,8 +8,10 @@ due in one millisecond at one queue, topic or bus, ten to a call (`sends`). The 
 prepares the call, sleeps to the due millisecond, sends, retries transient failures
 (a call's, or its entries') with backoff in the time the invocation has left, then marks
 each task SUCCEEDED (the sent marker, conditional on this invocation), or FAILED with a
-dead-letter message of its own. A slow target holds up only its own call, and a target's
-unforeseen error (neither transient nor permanent) fails only its own call's tasks.
+dead-letter message of its own, in one write with the callback task it owes so ended, if
+any (`tocsin.callbacks`), which the invocation starts once its sends are done. A slow
+target holds up only its own call, and a target's unforeseen error (neither transient
+nor permanent) fails only its own call's tasks.
 
 Only what concerns the whole batch fails the invocation, for the state machine to retry:
 a claim or mark that could not be written in the time the invocation has
@@ -38,8 +40,9 @@ from botocore.exceptions import ConnectionError as EndpointUnreachable
 from pydantic import BaseModel, Field, ValidationError
 
 from tocsin import aws, clock, cutoff, gate
+from tocsin.callbacks import callback_item, callback_key, needed
 from tocsin.dead_letter import send_letter
-from tocsin.dispatch import execution_name
+from tocsin.dispatch import dispatch_all, due_task, execution_name, look_again_now, machine_of
 from tocsin.errors import Busy, PermanentTargetError, TransientTargetError
 from tocsin.index_keys import owed_letter_keys
 from tocsin.model import (
@@ -107,7 +110,9 @@ class ClaimedTask:
         return Delivery(
             task_id=self.task_id,
             version=self.version,
-            idempotency_key=idempotency_key(self.task_id, self.version),
+            idempotency_key=(
+                callback_key(self.task_id) or idempotency_key(self.task_id, self.version)
+            ),
             payload_json=self.payload_json,
         )
 
@@ -315,6 +320,7 @@ class Held:
     asked: BatchTask
     task: ClaimedTask | Failed
     held_before: bool
+    ending: dict[str, Any] | None = None  # what its callbacks need of it, if it names any
 
 
 def sends(held: list[Held]) -> list[list[Held]]:
@@ -378,6 +384,7 @@ def claim_batch(
             asked,
             _claimed(item, asked, batch.task_type),
             claim.taken_over or "requeues" in item,
+            needed(item),
         )
         for (asked, claim), item in zip(won, items, strict=True)
     ]
@@ -399,12 +406,16 @@ def _finish(
     store: TaskStore,
     batch: BatchEvent,
     holder: Holder,
-    asked: BatchTask,
+    each: Held,
     outcome: Fired | Failed,
     deadline_ms: int,
+    callbacks: list[dict[str, Any]],
 ) -> bool:
-    """Record the outcome on the task; a failure also goes to the dead-letter queue (or is
-    left owed, for the reconciler: a letter that cannot go out fails no other task)."""
+    """Record the outcome on the task, with the callback task it owes so ended, if any
+    (added to `callbacks` once written, to be started); a failure also goes to the
+    dead-letter queue (or is left owed, for the reconciler: a letter that cannot go out
+    fails no other task)."""
+    asked = each.asked
     expires_at = settings().expires_at(asked.due_ms)
     fields: dict[str, Any] = {"attempts": outcome.attempts, "expires_at": expires_at}
     if outcome.tries:  # written only when an attempt failed: a first send adds nothing
@@ -419,14 +430,21 @@ def _finish(
         error = {"Error": outcome.error, "Cause": outcome.cause}
         fields["error"] = json.dumps(error)
         fields |= owed_letter_keys(asked.task_id, clock.now_ms(), settings())
+    callback = each.ending and callback_item(
+        each.ending, status, fields, clock.now_ms(), settings()
+    )
     finished = written(
         asked.task_id,
         deadline_ms,
         lambda: answered_by(
             deadline_ms,
-            lambda: store.finish(asked.task_id, asked.version, holder.attempt, status, fields),
+            lambda: store.finish(
+                asked.task_id, asked.version, holder.attempt, status, fields, callback
+            ),
         ),
     )
+    if finished and callback:
+        callbacks.append(callback)
     if isinstance(outcome, Failed) and finished:
         send_letter(store, asked.task_id, asked.version, batch.task_type, batch.execution, error)
     return finished
@@ -468,11 +486,13 @@ def execute(
         if to_fire:
             fired = fire([call[i].task for i in to_fire], deadline_ms)  # type: ignore[misc]
             outcomes.update(zip(to_fire, fired, strict=True))
-        return [record(each.asked, outcomes[i]) for i, each in enumerate(call)]
+        return [record(each, outcomes[i]) for i, each in enumerate(call)]
 
-    def record(asked: BatchTask, outcome: Fired | Failed) -> Recorded | Exception:
+    def record(each: Held, outcome: Fired | Failed) -> Recorded | Exception:
+        asked = each.asked
         try:
-            return outcome, _finish(store, batch, holder, asked, outcome, ends_ms - MARK_MARGIN_MS)
+            mark_by = ends_ms - MARK_MARGIN_MS
+            return outcome, _finish(store, batch, holder, each, outcome, mark_by, callbacks)
         except Exception as error:
             if isinstance(outcome, Fired):  # sent, and the table will not say so
                 expires_at = config.expires_at(asked.due_ms)
@@ -483,10 +503,14 @@ def execute(
             return error
 
     counts = Counter(tasks=len(batch.tasks), claimed=len(held))
+    callbacks: list[dict[str, Any]] = []  # the callback tasks the final marks made
     if held:
         calls = sends(held)
         with ThreadPoolExecutor(max_workers=len(calls)) as pool:
             futures = [pool.submit(run, call) for call in calls]
+        if callbacks:
+            counts["callbacks"] = len(callbacks)
+            _start_callbacks(callbacks, batch.execution, ends_ms - MARK_MARGIN_MS)
         done: list[tuple[Held, Recorded | BaseException]] = []
         for call, future in zip(calls, futures, strict=True):
             error = future.exception()  # before any send: the whole call failed
@@ -506,6 +530,20 @@ def execute(
     return dict(counts)
 
 
+def _start_callbacks(callbacks: list[dict[str, Any]], execution: str, deadline_ms: int) -> None:
+    """Start the callback tasks the batch's final marks made, on the state machine that runs
+    this batch, by `deadline_ms`; one not started goes to a check shard, for the
+    reconciler to start (or, if even that write fails, to find two minutes past its due
+    time, as any task its writer did not start)."""
+    config = settings().model_copy(update={"state_machine_arn": machine_of(execution)})
+    deadline = time.monotonic() + max(deadline_ms - clock.now_ms(), 0) / 1000
+    try:
+        left = dispatch_all([due_task(item) for item in callbacks], config, deadline).left
+        look_again_now(left, config)
+    except (BotoCoreError, ClientError) as fault:
+        logger.warning("callbacks not started", fault=type(fault).__name__)
+
+
 def _report(asked: BatchTask, outcome: Fired | Failed, counts: Counter[str]) -> None:
     if isinstance(outcome, Failed):
         counts["failed"] += 1
@@ -522,6 +560,7 @@ def _report(asked: BatchTask, outcome: Fired | Failed, counts: Counter[str]) -> 
 def executor_handler(task_type: TaskType) -> Callable[[dict[str, Any], LambdaContext], Any]:
     """The Lambda handler of one task type's executor; its SDK clients are made now, at init."""
     aws.resource("dynamodb")  # claims and marks on the Tasks table
+    aws.client("dynamodb")  # a final mark with the callback task it makes
     aws.client("sqs")  # dead letters
     for service in TARGETS[task_type].aws_services:
         aws.target_client(service)

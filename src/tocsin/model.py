@@ -7,7 +7,8 @@ from enum import StrEnum
 from typing import Any
 
 ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # a submitted task's id
-TASK_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"  # any task's: a schedule's occurrences hold a `.`
+# any task's: a schedule's occurrence holds a `.`, a callback `.<version>.callback` more
+TASK_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,80}$"
 SCHEDULE_ID_PATTERN = r"^[A-Za-z0-9_-]{1,48}$"  # leaves room for `.<due ms>` (tocsin.occurrences)
 DEFAULT_MAX_ATTEMPTS = 3
 MAX_ATTEMPTS_LIMIT = 5  # the executor's backoffs (executor.BACKOFF_S) allow this many
@@ -104,6 +105,10 @@ def task_view(item: dict[str, Any]) -> dict[str, Any]:
         view["execution"] = item["execution"]
     if "tries" in item:
         view["tries"] = json.loads(item["tries"])
+    if "callbacks" in item:
+        view |= json.loads(item["callbacks"])
+    if "callback_of" in item:
+        view["callback_of"] = item["callback_of"]
     return view
 
 

@@ -46,6 +46,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from tocsin import aws, clock
 from tocsin.batch_read import BATCH_GET_MAX
+from tocsin.callbacks import callback_item
 from tocsin.dead_letter import send_letter
 from tocsin.dispatch import dispatch_all, due_task, execution_arn
 from tocsin.errors import Busy
@@ -215,19 +216,17 @@ def _settle(
         "Error": "TaskStuck",
         "Cause": f"{requeues + 1} executions ended without settling it (last: {execution})",
     }
-    failed = store.fail_in_flight(
-        task_id,
-        version,
-        now_ms,
-        {
-            "error": json.dumps(error),
-            "expires_at": config.expires_at(int(item["due_ms"])),
-            **owed_letter_keys(task_id, now_ms, config),
-        },
-    )
-    if failed is None:
+    fields = {
+        "error": json.dumps(error),
+        "expires_at": config.expires_at(int(item["due_ms"])),
+        **owed_letter_keys(task_id, now_ms, config),
+    }
+    callback = callback_item(item, TaskStatus.FAILED, fields, now_ms, config)
+    if not store.fail_in_flight(task_id, version, now_ms, fields, callback):
         return Reconciled.CHANGED
     run.letters.send(store, item, execution or "", error)
+    if callback is not None:  # not started, a later look starts it, as any task's writer's
+        dispatch_all([due_task(callback)], config, run.deadline)
     return Reconciled.FAILED
 
 

@@ -19,6 +19,7 @@ from tocsin import aws, clock
 from tocsin.bodies import CONTENT, BodyStore, retired_at, split_schedule
 from tocsin.model import TaskStatus
 from tocsin.settings import settings
+from tocsin.store import typed
 
 SCHEDULE_DUE_INDEX = "DueIndex"  # ENABLED schedules only, by shard and next occurrence
 # A schedule edited or deleted leaves a record of the occurrences it had made: written in one
@@ -72,7 +73,7 @@ class ScheduleStore:
             except self._conditional_failed:
                 return self.get(item["schedule_id"])
             return None
-        put = {"TableName": self._tables[0], "Item": _values(stored)}
+        put = {"TableName": self._tables[0], "Item": typed(stored)}
         writes = [{"Put": put | {"ConditionExpression": condition}}, self._body_put(body)]
         try:
             self._client.transact_write_items(TransactItems=writes)
@@ -109,15 +110,15 @@ class ScheduleStore:
             "TableName": self._tables[0],
             "ConditionExpression": condition,
             "ExpressionAttributeNames": {"#o": "owner"},
-            "ExpressionAttributeValues": _values(seen),
+            "ExpressionAttributeValues": typed(seen),
         }
         stored, body = split_schedule(item) if item is not None else (None, None)
         write = (
             {"Delete": change | {"Key": key}}
             if stored is None
-            else {"Put": change | {"Item": _values(stored)}}
+            else {"Put": change | {"Item": typed(stored)}}
         )
-        record = {"Put": {"TableName": self._tables[0], "Item": _values(leftovers)}}
+        record = {"Put": {"TableName": self._tables[0], "Item": typed(leftovers)}}
         writes = [write, record]
         old, new = current.get("body"), body and body["key"]
         if body is not None and new != old:
@@ -131,7 +132,7 @@ class ScheduleStore:
         return True
 
     def _body_put(self, body: dict[str, Any]) -> dict[str, Any]:
-        return {"Put": {"TableName": self._bodies.table_name, "Item": _values(body)}}
+        return {"Put": {"TableName": self._bodies.table_name, "Item": typed(body)}}
 
     def _body_retired(self, key: str) -> dict[str, Any]:
         """A body no revision names from now on, given its time to live."""
@@ -140,7 +141,7 @@ class ScheduleStore:
                 "TableName": self._bodies.table_name,
                 "Key": {"key": _serialize(key)},
                 "UpdateExpression": "SET expires_at = :expires",
-                "ExpressionAttributeValues": _values(
+                "ExpressionAttributeValues": typed(
                     {":expires": retired_at(settings(), clock.now_ms())}
                 ),
             }
@@ -205,7 +206,7 @@ class ScheduleStore:
         move = {"Update": {"TableName": self._tables[0], **_advance(schedule, next_ms, 1, missed)}}
         put = {
             "TableName": self._tables[1],
-            "Item": _values(task),
+            "Item": typed(task),
             "ConditionExpression": "attribute_not_exists(task_id)",
         }
         turned = self._together({"Put": put}, move)
@@ -246,7 +247,7 @@ class ScheduleStore:
                 "REMOVE gsi_pk, gsi_due_ms",
                 ConditionExpression="schedule_revision < :rev AND #s = :pending",
                 ExpressionAttributeNames={"#s": "status"},
-                ExpressionAttributeValues=_values(
+                ExpressionAttributeValues=typed(
                     {
                         ":cancelled": TaskStatus.CANCELLED.value,
                         ":now": now_iso,
@@ -260,10 +261,6 @@ class ScheduleStore:
         except self._write_refused:
             return None
         return {name: _deserialize(value) for name, value in reply["Attributes"].items()}
-
-
-def _values(values: dict[str, Any]) -> dict[str, Any]:
-    return {name: _serialize(value) for name, value in values.items()}
 
 
 def _advance(
@@ -291,7 +288,7 @@ def _advance(
         "Key": {"schedule_id": _serialize(schedule["schedule_id"])},
         "UpdateExpression": update,
         "ConditionExpression": "revision = :rev AND next_ms = :seen",
-        "ExpressionAttributeValues": _values(values),
+        "ExpressionAttributeValues": typed(values),
         **({"ExpressionAttributeNames": {"#st": "state"}} if next_ms is None else {}),
     }
 
@@ -331,7 +328,7 @@ def _upsert_occurrence(task: dict[str, Any]) -> dict[str, Any]:
             "attribute_not_exists(task_id) OR (schedule_revision < :rev AND #s = :pending)"
         ),
         "ExpressionAttributeNames": {"#v": "version", "#s": "status", **names},
-        "ExpressionAttributeValues": _values(
+        "ExpressionAttributeValues": typed(
             {
                 ":zero": 0,
                 ":one": 1,

@@ -10,6 +10,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
+from boto3.dynamodb.types import TypeSerializer
 from botocore.exceptions import ClientError
 
 from tocsin import aws, clock
@@ -38,6 +39,7 @@ BUSY = "DynamoDB is busy: send the same request again"
 # A claim's lease is over (or there is none): no invocation may still be sending the task.
 LEASE_OVER = "(attribute_not_exists(lease_until) OR lease_until < :now_ms)"
 STATUS_AND_VERSION = {"#s": "status", "#v": "version"}
+_serialize = TypeSerializer().serialize
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,8 @@ class TaskStore:
         self._conditional_failed = (
             self._table.meta.client.exceptions.ConditionalCheckFailedException
         )
+        self._client = aws.client("dynamodb")  # a task's end with its callback's put
+        self._cancelled = self._client.exceptions.TransactionCanceledException
         self._bodies = BodyStore(settings().bodies_table)
 
     def create(self, item: dict[str, Any]) -> dict[str, Any] | None:
@@ -355,37 +359,73 @@ class TaskStore:
         attempt: str,
         status: TaskStatus,
         fields: dict[str, Any],
+        callback: dict[str, Any] | None = None,
     ) -> bool:
         """A claimed version's end, by the attempt that holds it: SUCCEEDED or FAILED with
-        `fields`. True when it is so now, also when a retried write finds its own first try
-        committed; False if the task is no longer this attempt's (it changed under the claim,
-        or a later attempt took it over). A FAILED task's `fields` hold the index keys it
-        waits at until its letter is sent (`letter_sent`); a SUCCEEDED task's entry stays
-        where it is (`tocsin.index_keys`)."""
+        `fields`, and the `callback` task it owes so ended, if any. True when it is so now,
+        also when a retried write finds its own first try committed; False if the task is
+        no longer this attempt's (it changed under the claim, or a later attempt took it
+        over). A FAILED task's `fields` hold the index keys it waits at until its letter is
+        sent (`letter_sent`); a SUCCEEDED task's entry stays where it is
+        (`tocsin.index_keys`)."""
         names, values, sets = _assignments(fields, "f")
-        try:
-            self._table.update_item(
-                Key={"task_id": task_id},
-                UpdateExpression=f"SET #s = :status, {sets}",
-                ConditionExpression="#s = :running AND #v = :v AND attempt = :attempt",
-                ExpressionAttributeNames={**STATUS_AND_VERSION, **names},
-                ExpressionAttributeValues={
+        old = self._update_with_callback(
+            {
+                "Key": {"task_id": task_id},
+                "UpdateExpression": f"SET #s = :status, {sets}",
+                "ConditionExpression": "#s = :running AND #v = :v AND attempt = :attempt",
+                "ExpressionAttributeNames": {**STATUS_AND_VERSION, **names},
+                "ExpressionAttributeValues": {
                     ":status": status.value,
                     ":running": TaskStatus.RUNNING.value,
                     ":v": version,
                     ":attempt": attempt,
                     **values,
                 },
-                ReturnValuesOnConditionCheckFailure="ALL_OLD",
-            )
-        except self._conditional_failed as refused:
-            old = refused.response.get("Item", {})
-            return (
-                old.get("status", {}).get("S") == status.value
-                and old.get("version", {}).get("N") == str(version)
-                and old.get("attempt", {}).get("S") == attempt
-            )
-        return True
+            },
+            callback,
+        )
+        return old is None or (
+            old.get("status", {}).get("S") == status.value
+            and old.get("version", {}).get("N") == str(version)
+            and old.get("attempt", {}).get("S") == attempt
+        )
+
+    def _update_with_callback(
+        self, update: dict[str, Any], callback: dict[str, Any] | None
+    ) -> dict[str, Any] | None:
+        """One conditional update of a task (update_item's arguments) and, if the task owes
+        one, the put of its callback task, in one transaction (`tocsin.callbacks`): None if
+        written, else the task as it was (DynamoDB's typed form) when the condition failed.
+        The callback's body, if large, is written apart first (a body nothing names is
+        harmless, and deleted in time)."""
+        if callback is None:
+            try:
+                self._table.update_item(**update, ReturnValuesOnConditionCheckFailure="ALL_OLD")
+            except self._conditional_failed as refused:
+                return refused.response.get("Item", {})
+            return None
+        stored = self._bodies.stored(callback)
+        change = {
+            **update,
+            "TableName": self._table.name,
+            "Key": typed(update["Key"]),
+            "ExpressionAttributeValues": typed(update["ExpressionAttributeValues"]),
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
+        put = {
+            "TableName": self._table.name,
+            "Item": typed(stored),
+            "ConditionExpression": "attribute_not_exists(task_id)",
+        }
+        try:
+            self._client.transact_write_items(TransactItems=[{"Update": change}, {"Put": put}])
+        except self._cancelled as error:
+            reason = error.response["CancellationReasons"][0]
+            if reason.get("Code") != "ConditionalCheckFailed":
+                raise
+            return reason.get("Item", {})
+        return None
 
     def let_go(self, task_id: str, version: int, attempt: str) -> None:
         """End `attempt`'s hold on a task it claimed and did not finish: its lease is over."""
@@ -468,25 +508,31 @@ class TaskStore:
         return renamed is not None
 
     def fail_in_flight(
-        self, task_id: str, version: int, now_ms: int, fields: dict[str, Any]
-    ) -> dict[str, Any] | None:
+        self,
+        task_id: str,
+        version: int,
+        now_ms: int,
+        fields: dict[str, Any],
+        callback: dict[str, Any] | None = None,
+    ) -> bool:
         """FAILED with `fields` (among them the index keys it waits at until its letter is
-        sent), if still RUNNING at `version` and its claim's lease is over; None if not."""
+        sent), and the `callback` task it owes so ended, if any, if still RUNNING at
+        `version` and its claim's lease is over; False if not."""
         names, values, sets = _assignments(fields, "f")
-        return self._update(
-            task_id,
-            f"SET #s = :failed, {sets}",
-            f"#s = :running AND #v = :v AND {LEASE_OVER}",
-            {
+        update = {
+            "Key": {"task_id": task_id},
+            "UpdateExpression": f"SET #s = :failed, {sets}",
+            "ConditionExpression": f"#s = :running AND #v = :v AND {LEASE_OVER}",
+            "ExpressionAttributeNames": {**STATUS_AND_VERSION, **names},
+            "ExpressionAttributeValues": {
                 ":failed": TaskStatus.FAILED.value,
                 ":running": TaskStatus.RUNNING.value,
                 ":v": version,
                 ":now_ms": now_ms,
                 **values,
             },
-            names,
-            returning="ALL_NEW",
-        )
+        }
+        return self._update_with_callback(update, callback) is None
 
     def letter_sent(self, task_id: str, version: int) -> None:
         """A FAILED version's dead letter is sent: out of the check shards for good."""
@@ -553,6 +599,12 @@ class TaskStore:
         except self._conditional_failed:
             return None
         return reply.get("Attributes", {})
+
+
+def typed(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` in DynamoDB's typed form, as a plain client's calls and transactions take
+    them (the resource's own client converts them itself)."""
+    return {name: _serialize(value) for name, value in values.items()}
 
 
 def _assignments(fields: dict[str, Any], prefix: str) -> tuple[dict[str, str], dict[str, Any], str]:

@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from tocsin import clock
+from tocsin.callbacks import Callback, stored_callbacks
 from tocsin.dispatch import dispatch_if_due_soon
 from tocsin.errors import Conflict, InvalidTask, TaskError
 from tocsin.index_keys import due_index_keys
@@ -95,6 +96,8 @@ class Submission(Timing):
     target: dict[str, Any]
     payload: JsonValue = None
     max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1, le=MAX_ATTEMPTS_LIMIT)
+    on_success: Callback | None = None
+    on_failure: Callback | None = None
 
 
 @dataclass(frozen=True)
@@ -180,17 +183,22 @@ def new_item(
         raise invalid(error) from None
     due_ms = submission.due_ms(base_ms if base_ms is not None else now_ms, now_ms, config)
     content = checked_content(submission.type, submission.target, submission.payload)
+    callbacks = stored_callbacks(
+        {"on_success": submission.on_success, "on_failure": submission.on_failure}
+    )
     task_id = submission.id or uuid.uuid4().hex
     # What the caller asked for (a delay, not the time it resolved to), so a retried
-    # request is recognised as the same one.
+    # request is recognised as the same one; callbacks only where named, so a task without
+    # any keeps the hash it had before they existed.
     asked = [clock.to_ms(submission.due_at)] if submission.due_at else [str(submission.delay)]
+    hashed = [owner, *asked, submission.type, *content, submission.max_attempts]
     body_hash = hashlib.sha256(
-        json.dumps([owner, *asked, submission.type, *content, submission.max_attempts]).encode()
+        json.dumps(hashed + ([callbacks] if callbacks else [])).encode()
     ).hexdigest()
     item = task_item(
         task_id, due_ms, submission.type, content, submission.max_attempts, owner, now_ms, config
     )
-    return {**item, "body_hash": body_hash}
+    return {**item, "body_hash": body_hash, **({"callbacks": callbacks} if callbacks else {})}
 
 
 def submit_task(

@@ -28,6 +28,9 @@ def api_url(runtime) -> Iterator[str]:
         yield url
 
 
+QUEUE_URL = "https://sqs.us-east-1.amazonaws.com/123456789012/outcomes"
+
+
 def test_client_covers_every_endpoint(api_url):
     alice = Client(api_url, principal="alice")
     task = alice.submit(
@@ -36,8 +39,10 @@ def test_client_covers_every_endpoint(api_url):
         payload={"n": 1},
         delay=3600,
         max_attempts=2,
+        on_failure={"type": "sqs", "target": {"queue_url": QUEUE_URL}},
     )
     assert task.status == "PENDING" and task.max_attempts == 2 and len(task.id) == 32
+    assert task.on_failure.target["queue_url"] == QUEUE_URL and task.on_success is None
     assert alice.get(task.id) == task
     moved = alice.reschedule(task.id, delay=7200, payload={"n": 2})
     assert moved.version == 2 and moved.payload == {"n": 2} and moved.due_at > task.due_at
@@ -119,9 +124,11 @@ def test_cli_commands_print_for_people_and_for_scripts(api_url, capsys):
     code, out, _ = run_cli(
         capsys, "submit", *common, "--type", "sns", "--target", target, "--at", "+2h",
         "--id", "cli-1", "--payload", '{"n": 1}', "--json",
+        "--on-success", json.dumps({"type": "sns", "target": json.loads(target)}),
     )  # fmt: skip
     task = last_json(out)
     assert code == 0 and task["id"] == "cli-1" and task["status"] == "PENDING"
+    assert task["on_success"]["target"]["topic_arn"] == json.loads(target)["topic_arn"]
 
     code, out, _ = run_cli(capsys, "get", "cli-1", *common)
     assert code == 0 and "cli-1" in out and "PENDING" in out

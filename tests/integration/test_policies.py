@@ -9,6 +9,8 @@ of Condition, on the leading key of a DynamoDB item, is weighed with the call's 
 """
 
 import json
+import sys
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -30,6 +32,7 @@ from tests.conftest import (
     hooked,
     stop_executions,
     store_pending,
+    store_task,
     stored,
     table,
     webhook_task,
@@ -47,6 +50,7 @@ from tocsin.index_keys import LOOK_AFTER_MS, check_keys
 from tocsin.local.runtime import scheduled_event
 from tocsin.local.stack import ACCOUNT_ID, REGION
 from tocsin.model import TaskStatus
+from tocsin.reconcile import MAX_REQUEUES
 from tocsin.schedules import ScheduleSpec
 from tocsin.settings import settings
 from tocsin.store import TaskStore
@@ -125,6 +129,18 @@ def needed(service: str, operation: str, params: dict[str, Any]) -> list[Need]:
     return [(action, arn, key) for arn in _resources(service, operation, params)]
 
 
+def _by_the_state_machine() -> bool:
+    """Whether moto's Step Functions interpreter makes the call being made: a call of the
+    state machine's role (a Fire state's Lambda invoke), not of the function being
+    recorded, which started the execution."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if "/moto/stepfunctions/" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
 class Calls:
     """What each function asked of AWS, recorded while `of(function)` is open."""
 
@@ -145,7 +161,7 @@ class Calls:
             self.function = None
 
     def record(self, client: BaseClient, operation: str, params: dict[str, Any]) -> None:
-        if self.function:
+        if self.function and not _by_the_state_machine():
             service = client.meta.service_model.signing_name
             pairs = needed(service, operation, params)
             if service == "dynamodb" and pairs[0][1].split("/index/")[0] not in self.tables:
@@ -198,18 +214,23 @@ def _listed(value: Any) -> list[Any]:
 def grants(runtime, function: str) -> list[tuple[str, str, list[str] | None]]:
     """The (action, resource, leading keys) patterns the function's role allows: its inline
     policies (SAM's policy templates expanded) and the template's managed policies it
-    attaches; leading keys None where no Condition limits them."""
+    attaches, or that name it among their `Roles`; leading keys None where no Condition
+    limits them."""
     resources = runtime.template["Resources"]
     role = resources[function]["Properties"]["Role"]["Fn::GetAtt"][0]
     properties = resources[role]["Properties"]
     documents = [policy["PolicyDocument"] for policy in properties.get("Policies", [])]
     managed = {
-        runtime.resolve({"Ref": name}): resource["Properties"]["PolicyDocument"]
+        runtime.resolve({"Ref": name}): resource["Properties"]
         for name, resource in resources.items()
         if resource["Type"] == "AWS::IAM::ManagedPolicy"
     }
     attached = [runtime.resolve(arn) for arn in properties.get("ManagedPolicyArns", [])]
-    documents += [managed[arn] for arn in attached if arn in managed]
+    documents += [
+        policy["PolicyDocument"]
+        for arn, policy in managed.items()
+        if arn in attached or {"Ref": role} in policy.get("Roles", [])
+    ]
     allowed = []
     for document in documents:
         for statement in document["Statement"]:
@@ -250,6 +271,24 @@ def refused(runtime, calls: Calls) -> list[tuple[str, str, str]]:
 def gone(runtime) -> str:
     """The ARN of an execution of the task machine that is no more."""
     return runtime.state_machine_arn.replace(":stateMachine:", ":execution:") + ":gone"
+
+
+@contextmanager
+def executors_held_back(runtime) -> Iterator[None]:
+    """No executor runs until the block ends: an execution the block starts due at once (a
+    callback's) would make its calls while the block records another function's."""
+    released, invoke = threading.Event(), runtime.invoke
+
+    def held_back(logical_id: str, event: dict) -> Any:
+        if logical_id.endswith("ExecutorFunction"):
+            released.wait(60)
+        return invoke(logical_id, event)
+
+    with mock.patch.object(runtime, "invoke", held_back):
+        try:
+            yield
+        finally:
+            released.set()
 
 
 def every_minute(url: str, start_ms: int) -> dict[str, Any]:
@@ -312,6 +351,16 @@ def test_the_finder_role_allows_every_call_of_the_finder(runtime, calls, receive
     [stuck] = store_pending(receiver.url, 1, 60_000, "stuck")
     claim_as(gone(runtime), stuck, ENDED)
     store.look_again(stuck, 1, check_keys(stuck, 0, config))
+    # held by an execution gone past its requeues, owing a callback: failed with it
+    told = {"type": "webhook", "target": {"url": receiver.url, "headers": {"x-note": "n" * 300}}}
+    store_task(webhook_task(receiver.url, clock.now_ms() + 60_000, "spent") | {"on_failure": told})
+    table(config.tasks_table).update_item(
+        Key={"task_id": "spent"},
+        UpdateExpression="SET requeues = :r",
+        ExpressionAttributeValues={":r": MAX_REQUEUES},
+    )
+    claim_as(gone(runtime), "spent", ENDED)
+    store.look_again("spent", 1, check_keys("spent", 0, config))
     [owing] = store_pending(receiver.url, 1, -60_000, "owing")
     claim_as(gone(runtime), owing, ENDED)
     error = {"Error": "PermanentTargetError", "Cause": "webhook answered 410"}
@@ -335,11 +384,12 @@ def test_the_finder_role_allows_every_call_of_the_finder(runtime, calls, receive
     with mock.patch.object(schedules, "LEFTOVERS_BUDGET_S", 0.0):  # its cancel left to the finder
         assert call_api(runtime, "DELETE", "/schedules/doomed")[0] == 200
     time.sleep(3)  # now within it: the finder makes the occurrence
-    with calls.of("FinderFunction"):
+    with executors_held_back(runtime), calls.of("FinderFunction"):
         report = runtime.invoke("FinderFunction", scheduled_event())
     stop_executions()
     # started: one more than the new schedule alone makes, the legacy one's occurrence
     assert (report["started"], report["requeued"], report["letters_sent"]) == (4, 1, 1)
+    assert report["failed_stuck"] == 1 and stored("spent.1.callback")["callback_of"] == "spent"
     assert (report["occurrences_made"], report["leftovers_finished"]) == (2, 1)
     assert {
         "dynamodb:Query",
@@ -419,6 +469,32 @@ def test_the_webhook_executor_role_allows_its_calls_as_it_fires_and_fails(runtim
         "sqs:SendMessage",
     } <= calls.actions("WebhookExecutorFunction")
     assert on_bodies(calls, "WebhookExecutorFunction") == {"dynamodb:BatchGetItem"}
+    assert refused(runtime, calls) == []
+
+
+def test_an_executor_role_allows_the_callbacks_its_final_marks_make(runtime, calls, receiver):
+    """A task's end with its callback (one transaction), the callback's large body apart,
+    and its start on the state machine of the batch's execution."""
+    receiver.status_for["/gone"] = 410
+    told = {"type": "webhook", "target": {"url": receiver.url, "headers": {"x-note": "n" * 300}}}
+    for task_id, path in (("fires", ""), ("fails", "/gone")):
+        body = webhook_task(f"{receiver.url}{path}", clock.now_ms() - 500, task_id)
+        store_task(body | {"on_success": told, "on_failure": told})
+    event = {
+        "execution": gone(runtime),
+        "task_type": "webhook",
+        "tasks": [batch_event(task_id)["tasks"][0] for task_id in ("fires", "fails")],
+    }
+    with calls.of("WebhookExecutorFunction"):
+        report = runtime.invoke("WebhookExecutorFunction", event)
+    stop_executions()
+    assert (report["fired"], report["failed"], report["callbacks"]) == (1, 1, 2)
+    assert {
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+        "states:StartExecution",
+    } <= calls.actions("WebhookExecutorFunction")
+    assert on_bodies(calls, "WebhookExecutorFunction") == {"dynamodb:PutItem"}
     assert refused(runtime, calls) == []
 
 

@@ -223,7 +223,7 @@ def test_a_task_whose_execution_ended_under_a_live_invocation_is_not_requeued(ru
     store = TaskStore(settings().tasks_table)
     keys = check_keys(task_id, clock.now_ms(), settings())
     assert store.requeue(task_id, 1, 0, keys, clock.now_ms()) is None
-    assert store.fail_in_flight(task_id, 1, clock.now_ms(), {"error": "{}"}) is None
+    assert not store.fail_in_flight(task_id, 1, clock.now_ms(), {"error": "{}"})
     check = past_check_time(task_id)
     assert [str(o) for _, o in reconcile(settings(), check).tasks] == ["still_running"]
     item = stored(task_id)

@@ -1,0 +1,117 @@
+"""Outcome callbacks: a task that names `on_success` or `on_failure` is followed, once it
+ends so, by a task of its own, its callback, that tells that target the outcome.
+
+The callback is put in one transaction with the final mark that ends its task
+(`TaskStore.finish`, `TaskStore.fail_in_flight`): a task never ends without the callback it
+owes, and no retried mark makes a second, since its id is the version's
+(`<task id>.<version>.callback`) and its put is conditional. From there it is a task like
+any other: started by what ended its task (else the reconciler starts it, as any task its
+writer did not), claimed once, retried and dead-lettered on its own, and whatever becomes
+of it, its task's status stays. Its delivery carries the key `<task id>:<version>:callback`.
+It tells the outcome, never the task's payload or target (a target may hold secrets). A
+cancelled task has none, and a callback has no callback.
+"""
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from tocsin.errors import InvalidTask, TaskError
+from tocsin.model import DEFAULT_MAX_ATTEMPTS, TaskStatus, TaskType
+from tocsin.settings import Settings
+from tocsin.targets import parse_target
+
+OUTCOMES = {TaskStatus.SUCCEEDED: "on_success", TaskStatus.FAILED: "on_failure"}
+SUFFIX = ".callback"
+# What a task's callback needs of its item, kept by the executor from the claim's reply.
+NEEDED = ("task_id", "version", "due_at", "owner", "callbacks")
+
+
+class Callback(BaseModel):
+    """Where a task's outcome goes: a target of any type, checked as a task's is."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: TaskType
+    target: dict[str, Any]
+
+
+def stored_callbacks(
+    wanted: dict[str, Callback | None], kind: type[TaskError] = InvalidTask
+) -> str | None:
+    """The callbacks a task (or a schedule) names, as stored: JSON of each one's type and
+    checked target, None if it names none; `kind` of refusal naming the field at fault."""
+    checked = {}
+    for name, callback in wanted.items():
+        if callback is None:
+            continue
+        try:
+            target = parse_target(callback.type, callback.target)
+        except ValidationError as error:
+            first = error.errors()[0]
+            field = ".".join(str(part) for part in (name, "target", *first["loc"]))
+            raise kind(f"{field}: {first['msg']}", field=field) from None
+        checked[name] = {"type": callback.type.value, "target": target.model_dump(mode="json")}
+    return json.dumps(checked, separators=(",", ":")) if checked else None
+
+
+def needed(item: dict[str, Any]) -> dict[str, Any] | None:
+    """What `callback_item` needs of a task's item, if it names a callback (else None)."""
+    return {name: item[name] for name in NEEDED} if "callbacks" in item else None
+
+
+def callback_id(task_id: str, version: int) -> str:
+    return f"{task_id}.{version}{SUFFIX}"
+
+
+def callback_item(
+    item: dict[str, Any],
+    status: TaskStatus,
+    fields: dict[str, Any],
+    now_ms: int,
+    config: Settings,
+) -> dict[str, Any] | None:
+    """The PENDING callback task that `item`, ended as `status` with its final mark's
+    `fields`, owes now (None if it names no callback for that outcome), due at once."""
+    from tocsin.submit import payload_json, task_item  # submit imports this module
+
+    wanted = json.loads(item.get("callbacks", "{}")).get(OUTCOMES.get(status, ""))
+    if wanted is None:
+        return None
+    task_id, version = item["task_id"], int(item["version"])
+    outcome: dict[str, Any] = {
+        "task_id": task_id,
+        "version": version,
+        "status": status.value,
+        "due_at": item["due_at"],
+        "attempts": int(fields.get("attempts", item.get("attempts", 0))),
+    }
+    for name in ("fired_at", "lateness_ms"):
+        if name in fields:
+            outcome[name] = fields[name]
+    if "result" in fields:
+        outcome["result"] = json.loads(fields["result"])
+    if "error" in fields:
+        error = json.loads(fields["error"])
+        outcome["error"] = {"type": error.get("Error", ""), "message": error.get("Cause", "")}
+    content = (json.dumps(wanted["target"]), payload_json(outcome))
+    task = task_item(
+        callback_id(task_id, version),
+        now_ms,
+        TaskType(wanted["type"]),
+        content,
+        DEFAULT_MAX_ATTEMPTS,
+        item["owner"],
+        now_ms,
+        config,
+    )
+    return {**task, "callback_of": task_id}
+
+
+def callback_key(task_id: str) -> str | None:
+    """The idempotency key a callback task's delivery carries (None for another task)."""
+    if not task_id.endswith(SUFFIX):
+        return None
+    parent, _, version = task_id.removesuffix(SUFFIX).rpartition(".")
+    return f"{parent}:{version}:callback"

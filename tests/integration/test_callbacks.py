@@ -1,0 +1,199 @@
+"""Outcome callbacks: once a task ends, the target it names for that outcome is told, once,
+by a task of its own; a callback's failure is its own (tocsin.callbacks)."""
+
+import json
+import time
+from unittest import mock
+
+import pytest
+
+from tests.conftest import (
+    ENDED,
+    call_api,
+    claim_as,
+    dead_letters,
+    stop_executions,
+    store_task,
+    stored,
+    wait_for_status,
+    webhook_task,
+)
+from tocsin import clock
+from tocsin.executor import TableUnavailable
+from tocsin.index_keys import LOOK_AFTER_MS
+from tocsin.local.dynamodb_process import Fault
+from tocsin.reconcile import MAX_REQUEUES, reconcile
+from tocsin.settings import settings
+
+
+def with_callbacks(url: str, due_ms: int, task_id: str, **extra: object) -> dict:
+    """A webhook task to `url`/task that tells `url`/done of success, `url`/failed of failure."""
+    return {
+        **webhook_task(f"{url}/task", due_ms, task_id),
+        "on_success": {"type": "webhook", "target": {"url": f"{url}/done"}},
+        "on_failure": {"type": "webhook", "target": {"url": f"{url}/failed"}},
+        **extra,
+    }
+
+
+def arrived(receiver, path: str) -> list:
+    return [a for a in receiver.received() if a.path == path]
+
+
+def test_a_task_that_succeeds_tells_its_on_success_target_once(runtime, receiver):
+    due = clock.now_ms() + 2500
+    status, view = call_api(runtime, "POST", "/tasks", with_callbacks(receiver.url, due, "ok"))
+    assert status == 201 and view["on_success"]["target"]["url"] == f"{receiver.url}/done"
+
+    callback = wait_for_status("ok.1.callback", {"SUCCEEDED"})
+    time.sleep(0.3)  # room for a second callback, if there were one
+    [told] = arrived(receiver, "/done")
+    assert arrived(receiver, "/failed") == []
+    task = stored("ok")
+    outcome = json.loads(told.body)
+    assert outcome == {
+        "task_id": "ok",
+        "version": 1,
+        "status": "SUCCEEDED",
+        "due_at": clock.to_iso(due),
+        "attempts": 1,
+        "fired_at": task["fired_at"],
+        "lateness_ms": int(task["lateness_ms"]),
+        "result": json.loads(task["result"]),
+    }
+    assert told.idempotency_key == "ok:1:callback"
+    assert callback["callback_of"] == "ok" and callback["owner"] == task["owner"]
+    _, seen = call_api(runtime, "GET", "/tasks/ok.1.callback")
+    assert seen["callback_of"] == "ok" and seen["payload"] == outcome
+
+
+def test_a_task_that_fails_after_its_retries_tells_its_on_failure_target(
+    runtime, receiver, no_backoff
+):
+    receiver.status_for["/task"] = 503
+    body = with_callbacks(receiver.url, clock.now_ms() + 2000, "bad", max_attempts=2)
+    assert call_api(runtime, "POST", "/tasks", body)[0] == 201
+
+    wait_for_status("bad.1.callback", {"SUCCEEDED"})
+    [told] = arrived(receiver, "/failed")
+    assert arrived(receiver, "/done") == []
+    outcome = json.loads(told.body)
+    assert outcome["status"] == "FAILED" and outcome["attempts"] == 2
+    assert "503" in outcome["error"]["message"] and "result" not in outcome
+    assert stored("bad")["status"] == "FAILED"
+
+
+def test_a_cancelled_task_tells_no_one(runtime, receiver):
+    body = with_callbacks(receiver.url, clock.now_ms() + 3000, "off")
+    assert call_api(runtime, "POST", "/tasks", body)[0] == 201
+    assert call_api(runtime, "DELETE", "/tasks/off")[0] == 200
+
+    time.sleep(4)
+    assert receiver.received() == []
+    assert call_api(runtime, "GET", "/tasks/off.1.callback")[0] == 404
+
+
+def test_a_callback_that_fails_is_dead_lettered_and_its_task_stays_succeeded(
+    runtime, receiver, no_backoff
+):
+    receiver.status_for["/done"] = 500
+    body = with_callbacks(receiver.url, clock.now_ms() + 2000, "told")
+    assert call_api(runtime, "POST", "/tasks", body)[0] == 201
+
+    callback = wait_for_status("told.1.callback", {"FAILED"})
+    assert int(callback["attempts"]) == 3 and len(arrived(receiver, "/done")) == 3
+    assert stored("told")["status"] == "SUCCEEDED"
+    letters = dead_letters(runtime)
+    assert [(letter["task_id"], letter["version"]) for letter in letters] == [
+        ("told.1.callback", 1)
+    ]
+
+
+def test_a_retried_invocation_sends_neither_the_task_nor_its_callback_twice(runtime, receiver):
+    """Fire's first invocation finishes its batch, then fails as a whole (its reply lost,
+    say): Step Functions retries it, and the retry finds the task ended."""
+    invoke, failed = runtime.invoke, []
+
+    def first_fails_after(logical_id: str, event: dict) -> object:
+        reply = invoke(logical_id, event)
+        if logical_id == "WebhookExecutorFunction" and not failed:
+            failed.append(event)
+            raise TableUnavailable("injected: the reply was lost")
+        return reply
+
+    with mock.patch.object(runtime, "invoke", first_fails_after):
+        body = with_callbacks(receiver.url, clock.now_ms() + 2000, "again")
+        assert call_api(runtime, "POST", "/tasks", body)[0] == 201
+        wait_for_status("again.1.callback", {"SUCCEEDED"})
+        assert runtime.wait_for_executions(15)
+    assert failed
+    assert [a.path for a in receiver.received()] == ["/task", "/done"]
+
+
+@pytest.mark.moto_tables
+def test_a_final_mark_that_committed_unanswered_makes_one_callback_and_fails_nothing(
+    runtime, receiver
+):
+    """The transaction of the final mark and its callback commits, then is answered with a
+    500: botocore sends it again, the task's condition refuses it, and the executor reads
+    its own first write in the refusal: the task ends once, with one callback, and the
+    batch's invocation does not fail."""
+    committed = Fault("InternalServerError", 500, 0.0, after_commit=True, when="ok.1", first=1)
+    runtime.dynamodb.set_faults("TransactWriteItems", [committed], seed=1)
+    body = with_callbacks(receiver.url, clock.now_ms() + 2000, "ok")
+    assert call_api(runtime, "POST", "/tasks", body)[0] == 201
+
+    wait_for_status("ok.1.callback", {"SUCCEEDED"})
+    assert runtime.dynamodb.usage()["injected"]["InternalServerError"] == 1
+    assert [a.path for a in receiver.received()] == ["/task", "/done"]
+    assert dead_letters(runtime) == []
+    assert stored("ok")["status"] == "SUCCEEDED"
+
+
+def test_a_task_failed_as_stuck_by_the_reconciler_tells_its_on_failure_target(runtime, receiver):
+    store_task(with_callbacks(receiver.url, clock.now_ms() + 60_000, "stuck"))
+    for requeues in range(MAX_REQUEUES + 1):
+        assert claim_as(f"gone-{requeues}", "stuck", ENDED).before
+        check = int(stored("stuck")["due_ms"]) + LOOK_AFTER_MS + 1
+        [(_, outcome)] = reconcile(settings(), check).tasks
+    assert str(outcome) == "failed_stuck"
+
+    wait_for_status("stuck.1.callback", {"SUCCEEDED"})
+    stop_executions()  # those the requeues started, waiting for the task's due time
+    [told] = receiver.received()
+    outcome = json.loads(told.body)
+    assert (told.path, outcome["status"], outcome["error"]["type"]) == (
+        "/failed",
+        "FAILED",
+        "TaskStuck",
+    )
+
+
+@pytest.mark.parametrize(
+    ("callback", "field"),
+    [
+        (
+            {"type": "webhook", "target": {"url": "http://169.254.169.254/hook"}},
+            "on_success.target.url",
+        ),
+        ({"type": "pigeon", "target": {}}, "on_success.type"),
+        ({"type": "sqs", "target": {"queue_url": 7}}, "on_success.target.queue_url"),
+        (
+            {"type": "webhook", "target": {"url": "https://example.com"}, "when": 1},
+            "on_success.when",
+        ),
+    ],
+)
+def test_a_callback_that_cannot_be_sent_is_refused_naming_its_field(runtime, callback, field):
+    body = {**webhook_task("https://example.com/task", clock.now_ms() + 60_000, "asked")}
+    status, reply = call_api(runtime, "POST", "/tasks", {**body, "on_success": callback})
+    assert (status, reply["error"]["field"]) == (400, field)
+    assert call_api(runtime, "GET", "/tasks/asked")[0] == 404  # nothing written
+
+
+def test_the_same_callbacks_again_are_the_same_task_and_others_conflict(runtime, receiver):
+    body = with_callbacks(receiver.url, clock.now_ms() + 60_000, "twice")
+    assert call_api(runtime, "POST", "/tasks", body)[0] == 201
+    assert call_api(runtime, "POST", "/tasks", body)[0] == 200
+    other = {**body, "on_failure": {"type": "webhook", "target": {"url": f"{receiver.url}/x"}}}
+    assert call_api(runtime, "POST", "/tasks", other)[0] == 409
