@@ -80,6 +80,8 @@ class ScheduleView(BaseModel):
     created_at: str
     updated_at: str | None = None
     last_fired_at: str | None = None
+    on_success: Callback | None = None  # each occurrence's (tocsin.callbacks)
+    on_failure: Callback | None = None
 
 
 class SchedulePage(BaseModel):

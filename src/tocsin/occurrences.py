@@ -65,6 +65,8 @@ def occurrence_task(
     )
     if "body" in schedule:  # kept apart: the occurrence names it too (tocsin.bodies)
         item = naming(item, schedule["body"])
+    if "callbacks" in schedule:  # each occurrence tells its own outcome (tocsin.callbacks)
+        item["callbacks"] = schedule["callbacks"]
     return {
         **item,
         "schedule_id": schedule["schedule_id"],

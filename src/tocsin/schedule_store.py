@@ -312,8 +312,9 @@ _OCCURRENCE_FIELDS = (
 def _upsert_occurrence(task: dict[str, Any]) -> dict[str, Any]:
     """The occurrence's task written new (version 1), or over an unclaimed task of an older
     revision as its next version: that version's execution then fails its claim."""
-    fields = [*_OCCURRENCE_FIELDS, *(name for name in (*CONTENT, "body") if name in task)]
-    gone = [name for name in (*CONTENT, "body") if name not in task]  # its body held otherwise
+    optional = (*CONTENT, "body", "callbacks")  # its body held otherwise; callbacks dropped
+    fields = [*_OCCURRENCE_FIELDS, *(name for name in optional if name in task)]
+    gone = [name for name in optional if name not in task]
     names = {f"#a{i}": name for i, name in enumerate(fields)}
     sets = ", ".join(f"#a{i} = :a{i}" for i in range(len(fields)))
     values = {f":a{i}": task[name] for i, name in enumerate(fields)}

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from tocsin import clock
 from tocsin.bodies import split_schedule
+from tocsin.callbacks import Callback, stored_callbacks
 from tocsin.dispatch import dispatch_all, look_again_now
 from tocsin.errors import Conflict, InvalidSchedule, NotFound
 from tocsin.index_keys import shard_of
@@ -76,6 +77,8 @@ class ScheduleSpec(BaseModel):
     payload: JsonValue = None
     max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1, le=MAX_ATTEMPTS_LIMIT)
     catch_up: CatchUp = CatchUp.SKIP
+    on_success: Callback | None = None  # each occurrence's, as a task's (tocsin.callbacks)
+    on_failure: Callback | None = None
 
 
 class ScheduleListing(BaseModel):
@@ -101,6 +104,8 @@ class ScheduleChange(BaseModel):
     payload: JsonValue = None
     max_attempts: int | None = Field(default=None, ge=1, le=MAX_ATTEMPTS_LIMIT)
     catch_up: CatchUp | None = None
+    on_success: Callback | None = None  # null: none from now on
+    on_failure: Callback | None = None
     state: Literal["ENABLED", "PAUSED"] | None = None
 
 
@@ -129,6 +134,8 @@ def _schedule_item(
         raise InvalidSchedule(f"start_at: more than {config.horizon_days} days ahead", "start_at")
     rule = parse(spec.expression, spec.timezone, start if start is not None else anchor_ms)
     target, payload = checked_content(spec.type, spec.target, spec.payload, InvalidSchedule)
+    wanted = {"on_success": spec.on_success, "on_failure": spec.on_failure}
+    callbacks = stored_callbacks(wanted, InvalidSchedule)
     item: dict[str, Any] = {
         "schedule_id": schedule_id,
         "owner": owner,
@@ -147,6 +154,7 @@ def _schedule_item(
         "created_at": clock.to_iso(now_ms),
         **({"start_ms": start} if start is not None else {}),
         **({"end_ms": end} if end is not None else {}),
+        **({"callbacks": callbacks} if callbacks else {}),
     }
     first = Occurrences(rule, start, end).first_from(now_ms)
     if first is None:
@@ -165,8 +173,10 @@ def _due_keys(schedule_id: str, next_ms: int, config: Settings) -> dict[str, Any
 
 
 def _body_hash(owner: str, spec: ScheduleSpec) -> str:
-    """What identifies a creating request, its retries included (times as instants)."""
-    body = spec.model_dump(mode="json", exclude={"id", "start_at", "end_at"})
+    """What identifies a creating request, its retries included (times as instants; the
+    callbacks only where named, so that a schedule without keeps the hash it had)."""
+    unnamed = {name for name in ("on_success", "on_failure") if getattr(spec, name) is None}
+    body = spec.model_dump(mode="json", exclude={"id", "start_at", "end_at", *unnamed})
     body |= {"start_at": _ms(spec.start_at), "end_at": _ms(spec.end_at)}
     return hashlib.sha256(json.dumps([owner, body], sort_keys=True).encode()).hexdigest()
 
@@ -183,6 +193,7 @@ def _stored_spec(item: dict[str, Any]) -> dict[str, Any]:
         "payload": json.loads(item["payload"]),
         "max_attempts": int(item["max_attempts"]),
         "catch_up": item["catch_up"],
+        **json.loads(item.get("callbacks", "{}")),
     }
 
 

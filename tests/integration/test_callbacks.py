@@ -169,13 +169,13 @@ def test_a_task_failed_as_stuck_by_the_reconciler_tells_its_on_failure_target(ru
     )
 
 
+INTERNAL = {"url": "http://169.254.169.254/hook"}  # the instance metadata address
+
+
 @pytest.mark.parametrize(
     ("callback", "field"),
     [
-        (
-            {"type": "webhook", "target": {"url": "http://169.254.169.254/hook"}},
-            "on_success.target.url",
-        ),
+        ({"type": "webhook", "target": INTERNAL}, "on_success.target.url"),
         ({"type": "pigeon", "target": {}}, "on_success.type"),
         ({"type": "sqs", "target": {"queue_url": 7}}, "on_success.target.queue_url"),
         (
@@ -197,3 +197,64 @@ def test_the_same_callbacks_again_are_the_same_task_and_others_conflict(runtime,
     assert call_api(runtime, "POST", "/tasks", body)[0] == 200
     other = {**body, "on_failure": {"type": "webhook", "target": {"url": f"{receiver.url}/x"}}}
     assert call_api(runtime, "POST", "/tasks", other)[0] == 409
+
+
+def test_each_occurrence_of_a_schedule_tells_its_own_outcome(runtime, receiver):
+    start = clock.now_ms() + 3000
+    told = {"type": "webhook", "target": {"url": f"{receiver.url}/done"}}
+    schedule = {
+        "id": "tick",
+        "expression": "rate(1 minute)",
+        "start_at": clock.to_iso(start),
+        "type": "webhook",
+        "target": {"url": f"{receiver.url}/task"},
+        "on_success": told,
+    }
+    status, view = call_api(runtime, "POST", "/schedules", schedule)
+    assert status == 201 and view["on_success"]["target"]["url"] == f"{receiver.url}/done"
+    occurrence = f"tick.{start}"
+
+    wait_for_status(f"{occurrence}.1.callback", {"SUCCEEDED"})
+    [told_of] = arrived(receiver, "/done")
+    assert json.loads(told_of.body)["task_id"] == occurrence
+    assert told_of.idempotency_key == f"{occurrence}:1:callback"
+    assert call_api(runtime, "POST", "/schedules", schedule)[0] == 200  # the same request
+    other = {**schedule, "on_failure": told}
+    assert call_api(runtime, "POST", "/schedules", other)[0] == 409
+
+
+def test_an_edit_that_drops_a_schedules_callback_drops_it_from_its_unclaimed_occurrences(
+    runtime, receiver
+):
+    start = clock.now_ms() + 10_000  # the first occurrences are tasks, waiting
+    told = {"type": "webhook", "target": {"url": f"{receiver.url}/done"}}
+    schedule = {
+        "id": "quiet",
+        "expression": "rate(2 seconds)",
+        "start_at": clock.to_iso(start),
+        "type": "webhook",
+        "target": {"url": f"{receiver.url}/task"},
+        "on_success": told,
+    }
+    assert call_api(runtime, "POST", "/schedules", schedule)[0] == 201
+    first = f"quiet.{start}"
+    assert "callbacks" in stored(first)
+    status, edited = call_api(runtime, "PATCH", "/schedules/quiet", {"on_success": None})
+    assert status == 200 and edited["on_success"] is None
+    assert "callbacks" not in stored(first) and int(stored(first)["version"]) == 2
+
+    wait_for_status(first, {"SUCCEEDED"}, timeout_s=20)
+    time.sleep(0.5)
+    assert arrived(receiver, "/done") == []
+    assert call_api(runtime, "DELETE", "/schedules/quiet")[0] == 200
+
+
+def test_a_schedules_callback_that_cannot_be_sent_is_refused_naming_its_field(runtime):
+    schedule = {
+        "expression": "rate(1 hour)",
+        "type": "webhook",
+        "target": {"url": "https://example.com/task"},
+        "on_failure": {"type": "webhook", "target": INTERNAL},
+    }
+    status, reply = call_api(runtime, "POST", "/schedules", schedule)
+    assert (status, reply["error"]["field"]) == (400, "on_failure.target.url")
