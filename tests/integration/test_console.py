@@ -142,6 +142,23 @@ def test_a_tasks_page_shows_each_attempt_and_the_execution_that_claimed_it(
     shot(page, "task")
 
 
+def test_a_tasks_page_shows_whom_it_tells_and_links_the_callback_both_ways(
+    console, page, runtime, receiver
+):
+    told = {"type": "webhook", "target": {"url": receiver.url, "headers": {"x-key": "hush"}}}
+    body = webhook_task(receiver.url, clock.now_ms() + 1500, "telling") | {"on_success": told}
+    assert call_api(runtime, "POST", "/tasks", body)[0] == 201
+    wait_for_status("telling.1.callback", {"SUCCEEDED"})
+    page.goto(f"{console}/#/task/telling")
+    told_to = page.locator("#view pre.on_success")
+    expect(told_to).to_contain_text(receiver.url)
+    assert "hush" not in told_to.inner_text() and "•••" in told_to.inner_text()
+    page.get_by_role("link", name="telling.1.callback").click()
+    page.locator("#status", has_text="SUCCEEDED").wait_for()
+    page.get_by_role("link", name="telling", exact=True).click()
+    expect(page.locator("#view pre.on_success")).to_be_visible()
+
+
 def test_a_task_cancelled_from_its_page_is_cancelled_through_the_api(console, page, runtime):
     open_later_task(console, page, runtime, "later")
     page.click("button[name=cancel]")

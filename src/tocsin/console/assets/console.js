@@ -401,14 +401,27 @@ function task(root, id) {
       ["updated at", shown(task.updated_at)], ["execution", task.execution || "– (not claimed)"]];
     if (task.error) fields.push(["error", `${task.error.code || ""}: ${task.error.message || ""}`]);
     if (task.result !== undefined && task.result !== null) fields.push(["result", JSON.stringify(task.result)]);
+    if (task.callback_of) fields.push(["callback of", link("task", task.callback_of)]);
     facts.replaceChildren(h("dl", {}, fields.map(([name, value]) => [h("dt", {}, name), h("dd", {}, value)])));
     life.replaceChildren(h("h2", {}, "Life"), lifeAxis(task), h("h2", {}, "Attempts"),
       table(["#", "began (UTC)", "outcome"], attemptRows(task).map(([n, at, outcome]) =>
         h("tr", { class: "attempt" }, h("td", {}, n), h("td", {}, shown(at)), h("td", { class: "wrap" }, outcome)))));
     content.replaceChildren(h("h2", {}, "Target (header values and secrets masked)"),
       h("pre", {}, JSON.stringify(masked(task.target), null, 2)),
-      h("h2", {}, "Payload"), h("pre", {}, JSON.stringify(task.payload, null, 2)));
+      h("h2", {}, "Payload"), h("pre", {}, JSON.stringify(task.payload, null, 2)),
+      ...callbacks(task));
   };
+}
+
+// Who is told the outcome (masked as the target is), and the callback once it is made.
+function callbacks(task) {
+  return [["on_success", "On success", "SUCCEEDED"], ["on_failure", "On failure", "FAILED"]]
+    .filter(([name]) => task[name])
+    .flatMap(([name, title, status]) => [
+      h("h2", {}, `${title}: ${task[name].type}`),
+      h("pre", { class: name }, JSON.stringify(masked(task[name].target), null, 2)),
+      ...(task.status === status ? [h("p", {}, "told by ", link("task", `${task.id}.${task.version}.callback`))] : []),
+    ]);
 }
 
 // Each attempt: the ones that failed (`tries`, with their errors), then the one that sent.
