@@ -109,6 +109,11 @@ THROTTLING_CODES = frozenset(
 )
 # What botocore retries as transient besides a 5xx (TransientRetryableChecker).
 TIMEOUT_CODES = frozenset({"RequestTimeout", "RequestTimeoutException"})
+# Why DynamoDB cancels a transaction (a 400, which no retry mode retries) for a moment only:
+# its rate, or another transaction on one of its items; not a condition, not a validation.
+PASSING_CANCELLATIONS = frozenset(
+    {"ThrottlingError", "ProvisionedThroughputExceeded", "TransactionConflict"}
+)
 
 
 def _status(error: Exception) -> int:
@@ -123,5 +128,20 @@ def is_throttling(error: Exception) -> bool:
 
 
 def is_transient(error: Exception) -> bool:
-    """Throttling, a timeout or a server-side fault: worth another attempt later."""
-    return is_throttling(error) or error_code(error) in TIMEOUT_CODES or _status(error) >= 500
+    """Throttling, a timeout or a server-side fault, or a transaction cancelled for a
+    moment only: worth another attempt later."""
+    return (
+        is_throttling(error)
+        or error_code(error) in TIMEOUT_CODES
+        or _status(error) >= 500
+        or _cancelled_for_a_moment(error)
+    )
+
+
+def _cancelled_for_a_moment(error: Exception) -> bool:
+    """A transaction DynamoDB cancelled for PASSING_CANCELLATIONS alone."""
+    if error_code(error) != "TransactionCanceledException":
+        return False
+    reasons = (getattr(error, "response", None) or {}).get("CancellationReasons", [])
+    codes = {reason.get("Code") or "None" for reason in reasons} - {"None"}
+    return bool(codes) and codes <= PASSING_CANCELLATIONS

@@ -18,7 +18,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tocsin.errors import InvalidTask, TaskError
-from tocsin.model import DEFAULT_MAX_ATTEMPTS, TaskStatus, TaskType
+from tocsin.index_keys import due_index_keys
+from tocsin.model import DEFAULT_MAX_ATTEMPTS, TaskStatus, TaskType, task_item
 from tocsin.settings import Settings
 from tocsin.targets import parse_target
 
@@ -70,12 +71,18 @@ def callback_item(
     status: TaskStatus,
     fields: dict[str, Any],
     now_ms: int,
+    written_by_ms: int,
     config: Settings,
 ) -> dict[str, Any] | None:
     """The PENDING callback task that `item`, ended as `status` with its final mark's
-    `fields`, owes now (None if it names no callback for that outcome), due at once."""
-    from tocsin.submit import payload_json, task_item  # submit imports this module
+    `fields`, owes now (None if it names no callback for that outcome), due at once.
 
+    Its writer starts it once the mark is written, by `written_by_ms` at the latest (the
+    invocation's end: its retries may take that long). Should the writer die first, the
+    reconciler starts it, as any task its writer did not: it reads each due entry once, a
+    look-after past its time, from where it read last. So the entry is placed at
+    `written_by_ms`: placed at `now_ms`, a write that committed late could appear behind
+    what the reconciler had read already, and never be read."""
     wanted = json.loads(item.get("callbacks", "{}")).get(OUTCOMES.get(status, ""))
     if wanted is None:
         return None
@@ -95,18 +102,14 @@ def callback_item(
     if "error" in fields:
         error = json.loads(fields["error"])
         outcome["error"] = {"type": error.get("Error", ""), "message": error.get("Cause", "")}
-    content = (json.dumps(wanted["target"]), payload_json(outcome))
+    content = (json.dumps(wanted["target"]), json.dumps(outcome, separators=(",", ":")))
+    own_id = callback_id(task_id, version)
     task = task_item(
-        callback_id(task_id, version),
-        now_ms,
-        TaskType(wanted["type"]),
-        content,
-        DEFAULT_MAX_ATTEMPTS,
-        item["owner"],
-        now_ms,
-        config,
-    )
-    return {**task, "callback_of": task_id}
+        own_id, now_ms, TaskType(wanted["type"]), content, DEFAULT_MAX_ATTEMPTS, item["owner"],
+        now_ms, config,
+    )  # fmt: skip
+    placed = due_index_keys(own_id, now_ms, config, max(written_by_ms, now_ms))
+    return {**task, **placed, "callback_of": task_id}
 
 
 def callback_key(task_id: str) -> str | None:

@@ -42,7 +42,14 @@ from pydantic import BaseModel, Field, ValidationError
 from tocsin import aws, clock, cutoff, gate
 from tocsin.callbacks import callback_item, callback_key, needed
 from tocsin.dead_letter import send_letter
-from tocsin.dispatch import dispatch_all, due_task, execution_name, look_again_now, machine_of
+from tocsin.dispatch import (
+    START_WITHIN_MS,
+    dispatch_all,
+    due_task,
+    execution_name,
+    look_again_now,
+    machine_of,
+)
 from tocsin.errors import Busy, PermanentTargetError, TransientTargetError
 from tocsin.index_keys import owed_letter_keys
 from tocsin.model import (
@@ -430,9 +437,11 @@ def _finish(
         error = {"Error": outcome.error, "Cause": outcome.cause}
         fields["error"] = json.dumps(error)
         fields |= owed_letter_keys(asked.task_id, clock.now_ms(), settings())
-    callback = each.ending and callback_item(
-        each.ending, status, fields, clock.now_ms(), settings()
-    )
+    callback = None
+    if each.ending is not None:
+        callback = callback_item(
+            each.ending, status, fields, clock.now_ms(), deadline_ms, settings()
+        )
     finished = written(
         asked.task_id,
         deadline_ms,
@@ -508,9 +517,6 @@ def execute(
         calls = sends(held)
         with ThreadPoolExecutor(max_workers=len(calls)) as pool:
             futures = [pool.submit(run, call) for call in calls]
-        if callbacks:
-            counts["callbacks"] = len(callbacks)
-            _start_callbacks(callbacks, batch.execution, ends_ms - MARK_MARGIN_MS)
         done: list[tuple[Held, Recorded | BaseException]] = []
         for call, future in zip(calls, futures, strict=True):
             error = future.exception()  # before any send: the whole call failed
@@ -518,6 +524,10 @@ def execute(
         failed = [(each, result) for each, result in done if isinstance(result, BaseException)]
         if failed:  # the others are done; the retry takes these over at once
             _let_go(store, holder, [each.asked for each, _ in failed])
+        if callbacks:  # those of the tasks that ended, whatever became of the others
+            counts["callbacks"] = len(callbacks)
+            _start_callbacks(callbacks, batch.execution, ends_ms - MARK_MARGIN_MS)
+        if failed:
             raise failed[0][1]
         for each, (outcome, recorded) in done:  # type: ignore[misc]
             _report(each.asked, outcome, counts)
@@ -532,15 +542,22 @@ def execute(
 
 def _start_callbacks(callbacks: list[dict[str, Any]], execution: str, deadline_ms: int) -> None:
     """Start the callback tasks the batch's final marks made, on the state machine that runs
-    this batch, by `deadline_ms`; one not started goes to a check shard, for the
-    reconciler to start (or, if even that write fails, to find two minutes past its due
-    time, as any task its writer did not start)."""
+    this batch (read from its execution's ARN: the template cannot give the executors the
+    machine's, which names them), by `deadline_ms`; one not started goes to a check shard,
+    for the reconciler to start (or, if even that write fails, to find past its placing,
+    as any task its writer did not start: `tocsin.callbacks.callback_item`)."""
     config = settings().model_copy(update={"state_machine_arn": machine_of(execution)})
-    deadline = time.monotonic() + max(deadline_ms - clock.now_ms(), 0) / 1000
-    try:
-        left = dispatch_all([due_task(item) for item in callbacks], config, deadline).left
-        look_again_now(left, config)
-    except (BotoCoreError, ClientError) as fault:
+    tasks = [due_task(item) for item in callbacks]
+    until_ms = min(deadline_ms, clock.now_ms() + START_WITHIN_MS)
+    deadline = time.monotonic() + max(until_ms - clock.now_ms(), 0) / 1000
+    try:  # a start's retries could outlast the invocation: cut off, as a writer's start is
+        started = cutoff.within(
+            until_ms,
+            lambda: dispatch_all(tasks, config, deadline),
+            TimeoutError("no answer from StartExecution"),
+        )
+        look_again_now(started.left, config)
+    except (BotoCoreError, ClientError, TimeoutError) as fault:
         logger.warning("callbacks not started", fault=type(fault).__name__)
 
 

@@ -6,6 +6,10 @@ import re
 from enum import StrEnum
 from typing import Any
 
+from tocsin import clock
+from tocsin.index_keys import due_index_keys
+from tocsin.settings import Settings
+
 ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # a submitted task's id
 # any task's: a schedule's occurrence holds a `.`, a callback `.<version>.callback` more
 TASK_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,80}$"
@@ -57,6 +61,34 @@ def owner_id(principal_id: str) -> str:
         partition, account, role = session.groups()
         return f"arn:{partition}:iam::{account}:role/{role}"
     return principal_id
+
+
+def task_item(
+    task_id: str,
+    due_ms: int,
+    task_type: TaskType,
+    content: tuple[str, str],
+    max_attempts: int,
+    owner: str,
+    now_ms: int,
+    config: Settings,
+) -> dict[str, Any]:
+    """A PENDING task's item, in the finder's due index; `content` is (target, payload)."""
+    target_json, stored_payload = content
+    return {
+        "task_id": task_id,
+        "version": 1,
+        "status": TaskStatus.PENDING.value,
+        "due_at": clock.to_iso(due_ms),
+        "due_ms": due_ms,
+        "task_type": task_type.value,
+        "target": target_json,
+        "payload": stored_payload,
+        "max_attempts": max_attempts,
+        "owner": owner,
+        "created_at": clock.to_iso(now_ms),
+        **due_index_keys(task_id, due_ms, config, now_ms),
+    }
 
 
 def idempotency_key(task_id: str, version: int) -> str:

@@ -19,13 +19,12 @@ from typing import Any
 from tocsin import clock
 from tocsin.bodies import naming
 from tocsin.dispatch import DueTask, due_task, stop_own_execution
-from tocsin.model import TaskStatus, TaskType
+from tocsin.model import TaskStatus, TaskType, task_item
 from tocsin.observability import logger
 from tocsin.recurrence import Occurrences, parse
 from tocsin.schedule_store import LEFTOVERS_SHARD, ScheduleState, ScheduleStore, Turned
 from tocsin.settings import Settings
 from tocsin.store import TaskStore
-from tocsin.submit import task_item
 
 MISSED_AFTER_MS = 1000  # an occurrence this far in the past when reached was missed
 MAX_MISSED_COUNTED = 100_000  # occurrences counted in one catch-up (a day of rate(1 second))

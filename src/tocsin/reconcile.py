@@ -221,11 +221,11 @@ def _settle(
         "expires_at": config.expires_at(int(item["due_ms"])),
         **owed_letter_keys(task_id, now_ms, config),
     }
-    callback = callback_item(item, TaskStatus.FAILED, fields, now_ms, config)
+    callback = callback_item(item, TaskStatus.FAILED, fields, now_ms, now_ms, config)
     if not store.fail_in_flight(task_id, version, now_ms, fields, callback):
         return Reconciled.CHANGED
     run.letters.send(store, item, execution or "", error)
-    if callback is not None:  # not started, a later look starts it, as any task's writer's
+    if callback is not None:  # one not started now is started at its look, as any task
         dispatch_all([due_task(callback)], config, run.deadline)
     return Reconciled.FAILED
 

@@ -26,13 +26,13 @@ from tocsin import clock
 from tocsin.callbacks import Callback, stored_callbacks
 from tocsin.dispatch import dispatch_if_due_soon
 from tocsin.errors import Conflict, InvalidTask, TaskError
-from tocsin.index_keys import due_index_keys
 from tocsin.model import (
     DEFAULT_MAX_ATTEMPTS,
     ID_PATTERN,
     MAX_ATTEMPTS_LIMIT,
     TaskStatus,
     TaskType,
+    task_item,
     task_view,
 )
 from tocsin.settings import MAX_PAYLOAD_BYTES, Settings, settings
@@ -140,34 +140,6 @@ def checked_content(
     except ValidationError as error:
         raise invalid(error, "target", kind) from None
     return parsed.model_dump_json(), payload_json(payload, kind)
-
-
-def task_item(
-    task_id: str,
-    due_ms: int,
-    task_type: TaskType,
-    content: tuple[str, str],
-    max_attempts: int,
-    owner: str,
-    now_ms: int,
-    config: Settings,
-) -> dict[str, Any]:
-    """A PENDING task's item, in the finder's due index; `content` is (target, payload)."""
-    target_json, stored_payload = content
-    return {
-        "task_id": task_id,
-        "version": 1,
-        "status": TaskStatus.PENDING.value,
-        "due_at": clock.to_iso(due_ms),
-        "due_ms": due_ms,
-        "task_type": task_type.value,
-        "target": target_json,
-        "payload": stored_payload,
-        "max_attempts": max_attempts,
-        "owner": owner,
-        "created_at": clock.to_iso(now_ms),
-        **due_index_keys(task_id, due_ms, config, now_ms),
-    }
 
 
 def new_item(

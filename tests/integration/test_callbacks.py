@@ -9,21 +9,26 @@ import pytest
 
 from tests.conftest import (
     ENDED,
+    TEST_ATTEMPT,
     call_api,
     claim_as,
     dead_letters,
+    hooked,
     stop_executions,
     store_task,
     stored,
     wait_for_status,
     webhook_task,
 )
-from tocsin import clock
+from tocsin import aws, clock
+from tocsin.callbacks import callback_item
 from tocsin.executor import TableUnavailable
 from tocsin.index_keys import LOOK_AFTER_MS
 from tocsin.local.dynamodb_process import Fault
+from tocsin.model import TaskStatus
 from tocsin.reconcile import MAX_REQUEUES, reconcile
 from tocsin.settings import settings
+from tocsin.store import TaskStore
 
 
 def with_callbacks(url: str, due_ms: int, task_id: str, **extra: object) -> dict:
@@ -258,3 +263,51 @@ def test_a_schedules_callback_that_cannot_be_sent_is_refused_naming_its_field(ru
     }
     status, reply = call_api(runtime, "POST", "/schedules", schedule)
     assert (status, reply["error"]["field"]) == (400, "on_failure.target.url")
+
+
+def test_a_final_mark_cancelled_for_a_conflict_is_tried_again_and_ends_its_task_with_one_callback(
+    runtime, receiver
+):
+    """DynamoDB cancels a transaction that meets another on one of its items (or its rate)
+    with a 400, which botocore does not retry: the executor tries it again, as it does a
+    throttled write, rather than fail the batch."""
+    client, conflicts = aws.client("dynamodb"), []
+
+    def conflict_once(params: dict, **_: object) -> None:
+        if not conflicts:
+            conflicts.append(params)
+            reasons = [{"Code": "TransactionConflict"}, {"Code": "None"}]
+            error = {"Error": {"Code": "TransactionCanceledException"}}
+            raise client.exceptions.TransactionCanceledException(
+                error | {"CancellationReasons": reasons}, "TransactWriteItems"
+            )
+
+    with hooked(client, ("before-parameter-build.dynamodb.TransactWriteItems", conflict_once)):
+        body = with_callbacks(receiver.url, clock.now_ms() + 2000, "ok")
+        assert call_api(runtime, "POST", "/tasks", body)[0] == 201
+        wait_for_status("ok.1.callback", {"SUCCEEDED"})
+    assert conflicts and [a.path for a in receiver.received()] == ["/task", "/done"]
+    assert dead_letters(runtime) == []
+
+
+def test_a_callback_whose_mark_committed_late_and_whose_writer_died_is_started_by_the_reconciler(
+    runtime, receiver
+):
+    """The reconciler reads each due entry once, from where it read last: a callback placed
+    where it had read already (its mark committed late, its writer then killed) would never
+    be read. It is placed where its writer's writes end instead."""
+    store_task(with_callbacks(receiver.url, clock.now_ms() - 1000, "late"))
+    claim_as("gone", "late")
+    asked_ms = clock.now_ms()  # the mark's first try
+    written_by_ms = asked_ms + 60_000  # its invocation's end
+    fields = {"attempts": 1, "result": json.dumps({"status": 200})}
+    owed = callback_item(stored("late"), TaskStatus.SUCCEEDED, fields, asked_ms, written_by_ms,
+                         settings())  # fmt: skip
+    reconcile(settings(), asked_ms + LOOK_AFTER_MS + 5_000)  # reads past `asked_ms`
+    store = TaskStore(settings().tasks_table)
+    assert store.finish("late", 1, TEST_ATTEMPT, TaskStatus.SUCCEEDED, fields, owed)
+    # ...and the writer died before it started the callback
+    outcomes = reconcile(settings(), written_by_ms + LOOK_AFTER_MS + 1).tasks
+    assert ("late.1.callback", "started_late") in [(t, str(o)) for t, o in outcomes]
+    wait_for_status("late.1.callback", {"SUCCEEDED"})
+    assert [a.path for a in receiver.received()] == ["/done"]
