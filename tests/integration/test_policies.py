@@ -100,7 +100,9 @@ def _resources(service: str, operation: str, params: dict[str, Any]) -> list[str
     raise AssertionError(f"{service}:{operation} is new here: teach this test its resource ARN")
 
 
-Need = tuple[str, str, str | None]  # an IAM action, a resource ARN, an item's leading key
+# An IAM action, a resource ARN, and the condition keys IAM weighs the call with (sorted
+# pairs): a DynamoDB item's leading key, the transaction that encloses a write.
+Need = tuple[str, str, tuple[tuple[str, str], ...]]
 
 
 def _leading_key(params: dict[str, Any]) -> str | None:
@@ -112,6 +114,14 @@ def _leading_key(params: dict[str, Any]) -> str | None:
     return value["S"] if isinstance(value, dict) else str(value)
 
 
+def _context(params: dict[str, Any], enclosing: str = "") -> tuple[tuple[str, str], ...]:
+    """The condition keys of a DynamoDB call (or of one write of a transaction)."""
+    context = {"dynamodb:EnclosingOperation": enclosing} if enclosing else {}
+    if (key := _leading_key(params)) is not None:
+        context["dynamodb:LeadingKeys"] = key
+    return tuple(sorted(context.items()))
+
+
 def needed(service: str, operation: str, params: dict[str, Any]) -> list[Need]:
     """What a call needs allowed: a transaction needs each of its writes' own."""
     if (service, operation) == ("dynamodb", "TransactWriteItems"):
@@ -119,14 +129,14 @@ def needed(service: str, operation: str, params: dict[str, Any]) -> list[Need]:
             (
                 f"dynamodb:{TRANSACTION_ACTIONS[kind]}",
                 _resources("dynamodb", kind, write)[0],
-                _leading_key(write),
+                _context(write, operation),
             )
             for item in params["TransactItems"]
             for kind, write in item.items()
         ]
     action = ACTIONS.get((service, operation), f"{service}:{operation}")
-    key = _leading_key(params) if service == "dynamodb" else None
-    return [(action, arn, key) for arn in _resources(service, operation, params)]
+    context = _context(params) if service == "dynamodb" else ()
+    return [(action, arn, context) for arn in _resources(service, operation, params)]
 
 
 def _by_the_state_machine() -> bool:
@@ -235,21 +245,37 @@ def grants(runtime, function: str) -> list[tuple[str, str, list[str] | None]]:
     for document in documents:
         for statement in document["Statement"]:
             assert statement["Effect"] == "Allow"
-            keys = _leading_keys(statement.get("Condition"))
+            tests = _conditions(statement.get("Condition"))
             resolved = _listed(runtime.resolve(statement["Resource"]))
-            allowed += [(a, r, keys) for a in _listed(statement["Action"]) for r in resolved]
+            allowed += [(a, r, tests) for a in _listed(statement["Action"]) for r in resolved]
     return allowed
 
 
-def _leading_keys(condition: dict[str, Any] | None) -> list[str] | None:
-    """The patterns a statement's Condition holds an item's leading key to: the one kind of
-    Condition the template writes (any other fails here, to be taught)."""
-    if condition is None:
-        return None
-    assert list(condition) == ["ForAllValues:StringLike"], condition
-    [(name, patterns)] = condition["ForAllValues:StringLike"].items()
-    assert name == "dynamodb:LeadingKeys", condition
-    return _listed(patterns)
+# The kinds of Condition the template writes, each with the test of a value against one of
+# its patterns, and the condition keys it writes them on (any other fails here, to be taught).
+OPERATORS = {"ForAllValues:StringLike": fnmatchcase, "ForAnyValue:StringEquals": str.__eq__}
+CONDITION_KEYS = {"dynamodb:LeadingKeys", "dynamodb:EnclosingOperation"}
+
+
+def _conditions(condition: dict[str, Any] | None) -> list[tuple[str, str, list[str]]]:
+    """A statement's Condition as (operator, condition key, patterns)."""
+    tests = []
+    for operator, on in (condition or {}).items():
+        assert operator in OPERATORS, condition
+        for name, patterns in on.items():
+            assert name in CONDITION_KEYS, condition
+            tests.append((operator, name, _listed(patterns)))
+    return tests
+
+
+def _meets(context: tuple[tuple[str, str], ...], tests: list[tuple[str, str, list[str]]]) -> bool:
+    """Whether a call's condition keys pass every test; a key the call lacks passes none
+    (stricter than IAM's ForAllValues, which an absent key passes)."""
+    values = dict(context)
+    return all(
+        name in values and any(OPERATORS[operator](values[name], p) for p in patterns)
+        for operator, name, patterns in tests
+    )
 
 
 def refused(runtime, calls: Calls) -> list[tuple[str, str, str]]:
@@ -257,12 +283,12 @@ def refused(runtime, calls: Calls) -> list[tuple[str, str, str]]:
     missing = []
     for function, made in calls.made.items():
         allowed = grants(runtime, function)
-        for action, arn, key in sorted(made, key=str):
+        for action, arn, context in sorted(made, key=str):
             if not any(
                 fnmatchcase(action.lower(), a.lower())
                 and fnmatchcase(arn, r)
-                and (keys is None or (key is not None and any(fnmatchcase(key, k) for k in keys)))
-                for a, r, keys in allowed
+                and _meets(context, t)
+                for a, r, t in allowed
             ):
                 missing.append((function, action, arn))
     return missing
