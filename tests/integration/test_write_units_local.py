@@ -1,6 +1,7 @@
 """The write units `tocsin bench --cost` counts, checked against DynamoDB Local, AWS's own
 engine: every write of a few tasks' lives (submit, claim, final mark, cancel,
-reschedule, a schedule's occurrences and its delete; payloads of 0.5, 10 and 200 KiB) is
+reschedule, a final mark with its callback, a schedule's occurrences and its delete;
+payloads of 0.5, 10 and 200 KiB) is
 replayed there, in the order the embedded runtime served it, and each must be billed the
 same units on the table and on each index. DynamoDB Local says nothing of a write its
 condition refuses, which AWS bills (one unit at least: DynamoDB's developer guide, read and
@@ -47,6 +48,9 @@ def lives(runtime, receiver) -> str:
         blob = "x" * (size - 20)  # the payload's JSON, at most MAX_PAYLOAD_BYTES
         body = webhook_task(receiver.url, soon, f"fired-{size}", {"blob": blob})
         assert call_api(runtime, "POST", "/tasks", body)[0] == 201
+    told = {"type": "webhook", "target": {"url": f"{receiver.url}/told"}}  # its callback's
+    body = webhook_task(receiver.url, soon, "telling") | {"on_success": told}
+    assert call_api(runtime, "POST", "/tasks", body)[0] == 201
     later = clock.now_ms() + 3_600_000
     for task_id in ("cancelled", "rescheduled"):
         body = webhook_task(receiver.url, later, task_id, {"blob": "y" * KIB})
@@ -68,6 +72,7 @@ def lives(runtime, receiver) -> str:
     assert call_api(runtime, "DELETE", "/schedules/tick")[0] == 200
     for size in (KIB // 2, 10 * KIB, 200 * KIB):
         wait_for_status(f"fired-{size}", {"SUCCEEDED"})
+    wait_for_status("telling.1.callback", {"SUCCEEDED"})  # its mark a transaction with it
     [occurrence] = [t for t in all_tasks() if t.get("schedule_id") == largest]
     assert "body" not in occurrence  # inline, at the limit
     assert wait_for_status(occurrence["task_id"], {"SUCCEEDED"})["result"]
