@@ -15,13 +15,11 @@ cancelled task has none, and a callback has no callback.
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
-from tocsin.errors import InvalidTask, TaskError
 from tocsin.index_keys import due_index_keys
-from tocsin.model import DEFAULT_MAX_ATTEMPTS, TaskStatus, TaskType, task_item
+from tocsin.model import DEFAULT_MAX_ATTEMPTS, TaskStatus, TaskType, error_view, task_item
 from tocsin.settings import Settings
-from tocsin.targets import parse_target
 
 OUTCOMES = {TaskStatus.SUCCEEDED: "on_success", TaskStatus.FAILED: "on_failure"}
 SUFFIX = ".callback"
@@ -36,25 +34,6 @@ class Callback(BaseModel):
 
     type: TaskType
     target: dict[str, Any]
-
-
-def stored_callbacks(
-    wanted: dict[str, Callback | None], kind: type[TaskError] = InvalidTask
-) -> str | None:
-    """The callbacks a task (or a schedule) names, as stored: JSON of each one's type and
-    checked target, None if it names none; `kind` of refusal naming the field at fault."""
-    checked = {}
-    for name, callback in wanted.items():
-        if callback is None:
-            continue
-        try:
-            target = parse_target(callback.type, callback.target)
-        except ValidationError as error:
-            first = error.errors()[0]
-            field = ".".join(str(part) for part in (name, "target", *first["loc"]))
-            raise kind(f"{field}: {first['msg']}", field=field) from None
-        checked[name] = {"type": callback.type.value, "target": target.model_dump(mode="json")}
-    return json.dumps(checked, separators=(",", ":")) if checked else None
 
 
 def needed(item: dict[str, Any]) -> dict[str, Any] | None:
@@ -100,8 +79,7 @@ def callback_item(
     if "result" in fields:
         outcome["result"] = json.loads(fields["result"])
     if "error" in fields:
-        error = json.loads(fields["error"])
-        outcome["error"] = {"type": error.get("Error", ""), "message": error.get("Cause", "")}
+        outcome["error"] = error_view(fields["error"])
     content = (json.dumps(wanted["target"]), json.dumps(outcome, separators=(",", ":")))
     own_id = callback_id(task_id, version)
     task = task_item(

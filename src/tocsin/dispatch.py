@@ -52,8 +52,8 @@ class DueTask:
         suffix = f"-v{self.version}{again}"
         name = self.task_id
         if "." in name:
-            digest = hashlib.sha256(name.encode()).hexdigest()[:8]
-            name = f"{name.replace('.', '_')[: NAME_LIMIT - len(suffix) - 9]}_{digest}"
+            digest = "_" + hashlib.sha256(name.encode()).hexdigest()[:8]
+            name = f"{name.replace('.', '_')[: NAME_LIMIT - len(suffix) - len(digest)]}{digest}"
         return f"{name}{suffix}"
 
     def as_input(self) -> dict[str, Any]:

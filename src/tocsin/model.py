@@ -96,7 +96,7 @@ def idempotency_key(task_id: str, version: int) -> str:
     return f"{task_id}:{version}"
 
 
-def _error_view(stored: str) -> dict[str, str]:
+def error_view(stored: str) -> dict[str, str]:
     """The state machine stores `{"Error", "Cause"}`; a Lambda's Cause is its error JSON."""
     error = json.loads(stored)
     cause = error.get("Cause", "")
@@ -164,5 +164,5 @@ def task_summary(item: dict[str, Any]) -> dict[str, Any]:
     if "result" in item:
         view["result"] = json.loads(item["result"])
     if "error" in item:
-        view["error"] = _error_view(item["error"])
+        view["error"] = error_view(item["error"])
     return view

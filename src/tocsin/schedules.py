@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from tocsin import clock
 from tocsin.bodies import split_schedule
-from tocsin.callbacks import Callback, stored_callbacks
+from tocsin.callbacks import Callback
 from tocsin.dispatch import dispatch_all, look_again_now
 from tocsin.errors import Conflict, InvalidSchedule, NotFound
 from tocsin.index_keys import shard_of
@@ -45,7 +45,7 @@ from tocsin.recurrence import MAX_UPCOMING, Occurrences, parse
 from tocsin.schedule_store import SCHEDULE_PAGE_KEY, ScheduleState, ScheduleStore
 from tocsin.settings import Settings
 from tocsin.store import TaskStore
-from tocsin.submit import IsoTime, checked_content, invalid
+from tocsin.submit import IsoTime, checked_callbacks, checked_content, invalid
 
 MAX_EXPRESSION = 256
 DISPATCH_BUDGET_S = 10.0  # of an API request, for starting the occurrences due soon
@@ -135,7 +135,7 @@ def _schedule_item(
     rule = parse(spec.expression, spec.timezone, start if start is not None else anchor_ms)
     target, payload = checked_content(spec.type, spec.target, spec.payload, InvalidSchedule)
     wanted = {"on_success": spec.on_success, "on_failure": spec.on_failure}
-    callbacks = stored_callbacks(wanted, InvalidSchedule)
+    callbacks = checked_callbacks(wanted, InvalidSchedule)
     item: dict[str, Any] = {
         "schedule_id": schedule_id,
         "owner": owner,

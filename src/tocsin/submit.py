@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from tocsin import clock
-from tocsin.callbacks import Callback, stored_callbacks
+from tocsin.callbacks import Callback
 from tocsin.dispatch import dispatch_if_due_soon
 from tocsin.errors import Conflict, InvalidTask, TaskError
 from tocsin.model import (
@@ -142,6 +142,24 @@ def checked_content(
     return parsed.model_dump_json(), payload_json(payload, kind)
 
 
+def checked_callbacks(
+    wanted: dict[str, Callback | None], kind: type[TaskError] = InvalidTask
+) -> str | None:
+    """The callbacks a task (or a schedule) names, as stored (`tocsin.callbacks`): JSON of
+    each one's type and checked target, None if it names none; `kind` of refusal naming
+    the field at fault."""
+    checked = {}
+    for name, callback in wanted.items():
+        if callback is None:
+            continue
+        try:
+            target = parse_target(callback.type, callback.target)
+        except ValidationError as error:
+            raise invalid(error, f"{name}.target", kind) from None
+        checked[name] = {"type": callback.type.value, "target": target.model_dump(mode="json")}
+    return json.dumps(checked, separators=(",", ":")) if checked else None
+
+
 def new_item(
     body: Any, owner: str, now_ms: int, config: Settings, base_ms: int | None = None
 ) -> dict[str, Any]:
@@ -155,7 +173,7 @@ def new_item(
         raise invalid(error) from None
     due_ms = submission.due_ms(base_ms if base_ms is not None else now_ms, now_ms, config)
     content = checked_content(submission.type, submission.target, submission.payload)
-    callbacks = stored_callbacks(
+    callbacks = checked_callbacks(
         {"on_success": submission.on_success, "on_failure": submission.on_failure}
     )
     task_id = submission.id or uuid.uuid4().hex
