@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, JsonValue
 
 from tocsin.callbacks import Callback
+from tocsin.flow import Flow
 from tocsin.model import TaskStatus, TaskType
 
 
@@ -31,6 +32,9 @@ class TaskSummary(BaseModel):
     lateness_ms: int | None = None
     result: JsonValue = None
     error: Failure | None = None
+    flow: Flow | None = None  # the limits it shares with its key's tasks (tocsin.flow)
+    planned_at: str | None = None  # when flow control lets it go, once held past due_at
+    held_ms: int | None = None  # how long flow control held it past due_at
 
 
 class FailedTry(BaseModel):
@@ -82,6 +86,7 @@ class ScheduleView(BaseModel):
     last_fired_at: str | None = None
     on_success: Callback | None = None  # each occurrence's (tocsin.callbacks)
     on_failure: Callback | None = None
+    flow: Flow | None = None  # each occurrence's (tocsin.flow)
 
 
 class SchedulePage(BaseModel):

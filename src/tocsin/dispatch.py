@@ -40,16 +40,24 @@ class DueTask:
     version: int
     task_type: TaskType
     requeues: int = 0  # executions that ended without settling it (see tocsin.reconcile)
+    planned_ms: int = 0  # when flow control lets it go, if later than due (tocsin.flow)
+
+    @property
+    def fires_ms(self) -> int:
+        """When its gate lets it go: its due time, or its flow's slot."""
+        return max(self.due_ms, self.planned_ms)
 
     @property
     def member(self) -> str:
-        """The task in an execution name: a requeued task needs a name not yet taken.
+        """The task in an execution name: a requeued task, or one handed on to wake for its
+        flow's slot, needs a name not yet taken.
 
         An occurrence's or a callback's `.` becomes `_` and a digest of the id follows, so
         that the name keeps to the characters CloudWatch Logs accepts and no submitted id
         can take it; a name longer than Step Functions takes (80) loses the end of the id."""
         again = f"r{self.requeues}" if self.requeues else ""
-        suffix = f"-v{self.version}{again}"
+        held = f"h{self.planned_ms}" if self.planned_ms else ""
+        suffix = f"-v{self.version}{again}{held}"
         name = self.task_id
         if "." in name:
             digest = "_" + hashlib.sha256(name.encode()).hexdigest()[:8]
@@ -57,7 +65,8 @@ class DueTask:
         return f"{name}{suffix}"
 
     def as_input(self) -> dict[str, Any]:
-        return {"task_id": self.task_id, "version": self.version, "due_ms": self.due_ms}
+        planned = {"planned_ms": self.planned_ms} if self.planned_ms else {}
+        return {"task_id": self.task_id, "version": self.version, "due_ms": self.due_ms, **planned}
 
 
 @dataclass(frozen=True, order=True)
@@ -72,7 +81,8 @@ class Batch:
 
     @property
     def first_due_ms(self) -> int:
-        return self.tasks[0].due_ms
+        """When its first gate lets go (a task held by its flow's: that slot)."""
+        return self.tasks[0].fires_ms
 
     @property
     def execution_name(self) -> str:
@@ -108,8 +118,8 @@ def pack(tasks: list[DueTask], window_ms: int, batch_size: int, burst_sends: int
     once, for only one execution can claim it.
     """
     windows: dict[tuple[TaskType, int], list[DueTask]] = {}
-    for task in sorted(tasks):
-        windows.setdefault((task.task_type, task.due_ms // window_ms), []).append(task)
+    for task in sorted(tasks, key=lambda task: (task.fires_ms, task)):
+        windows.setdefault((task.task_type, task.fires_ms // window_ms), []).append(task)
     batches = []
     for (task_type, _), members in windows.items():
         size = min(batch_size, WEBHOOK_BATCH_MAX) if task_type is TaskType.WEBHOOK else batch_size
@@ -128,7 +138,7 @@ def densest(tasks: list[DueTask]) -> int:
     """The most of `tasks` (earliest first) due within any BURST_SPAN_MS."""
     most, start = 0, 0
     for end, task in enumerate(tasks):
-        while task.due_ms - tasks[start].due_ms >= BURST_SPAN_MS:
+        while task.fires_ms - tasks[start].fires_ms >= BURST_SPAN_MS:
             start += 1
         most = max(most, end - start + 1)
     return most
@@ -224,7 +234,7 @@ class WakePlan:
         """The seconds an executor woken at `wake_second` holds its environment: until its
         last task's attempt can end, not only its gate (a slow target holds it that long)."""
         limit_ms = int(attempt_limit_s(batch.task_type, self.settings) * 1000)
-        return range(wake_second, (batch.tasks[-1].due_ms + limit_ms) // 1000 + 1)
+        return range(wake_second, (batch.tasks[-1].fires_ms + limit_ms) // 1000 + 1)
 
     def _scales_to(self, second: int, task_type: TaskType) -> bool:
         """Whether one more wake of this executor at `second` leaves every 10 s span that
@@ -417,6 +427,7 @@ def due_task(item: dict[str, Any]) -> DueTask:
         int(item["version"]),
         TaskType(item["task_type"]),
         int(item.get("requeues", 0)),
+        int(item.get("planned_ms", 0)),
     )
 
 

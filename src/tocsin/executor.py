@@ -27,13 +27,14 @@ import random
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, TypeVar
 
-from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.metrics import MetricUnit, single_metric
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as EndpointUnreachable
@@ -44,6 +45,7 @@ from tocsin.callbacks import callback_item, callback_key, needed
 from tocsin.dead_letter import send_letter
 from tocsin.dispatch import (
     START_WITHIN_MS,
+    DueTask,
     dispatch_all,
     due_task,
     execution_name,
@@ -51,7 +53,8 @@ from tocsin.dispatch import (
     machine_of,
 )
 from tocsin.errors import Busy, PermanentTargetError, TransientTargetError
-from tocsin.index_keys import owed_letter_keys
+from tocsin.flow import Flow, Leases, RateLedger, flow_of
+from tocsin.index_keys import LOOK_AFTER_MS, check_keys, owed_letter_keys
 from tocsin.model import (
     BATCH_ENTRIES,
     DEFAULT_MAX_ATTEMPTS,
@@ -94,6 +97,7 @@ class BatchTask(BaseModel):
     task_id: str = Field(pattern=TASK_ID_PATTERN)
     version: int = Field(ge=1)
     due_ms: int
+    planned_ms: int = 0  # its flow's slot, when it was handed on to wake for it
 
 
 class BatchEvent(BaseModel):
@@ -112,6 +116,15 @@ class ClaimedTask:
     target: Target
     payload_json: str
     max_attempts: int
+    requeues: int = 0
+    flow: Flow | None = None  # the limits it shares with its key's tasks (tocsin.flow)
+    planned_ms: int = 0  # its flow's slot, when later than its due time
+    leases: Leases | None = None  # its flow's leases in this invocation, if it limits those
+
+    @property
+    def fires_ms(self) -> int:
+        """When its gate lets it go: its due time, or its flow's slot."""
+        return max(self.due_ms, self.planned_ms)
 
     def delivery(self) -> Delivery:
         return Delivery(
@@ -141,15 +154,38 @@ class Failed:
 Recorded = tuple[Fired | Failed, bool]  # a task's outcome, and whether its mark was written
 
 
-def _deliver(tasks: list[ClaimedTask]) -> tuple[int, list[Answer]]:
-    """Build the call, sleep to the due millisecond, then send: the time the gate let go,
-    and each task's answer."""
+def _deliver(tasks: list[ClaimedTask], lease_by_ms: int) -> tuple[int, int, list[Answer]]:
+    """Build the call, sleep to the due millisecond (or the flow's slot, and a lease of
+    its flow, if it needs one: waited for until `lease_by_ms`), then send: the time the
+    gate let go, how long the flow held the call past its due time, and each task's
+    answer."""
+    first = tasks[0]
     try:
         call = _targets_own(_call, tasks)  # before the gate: after it only the request is left
-        fired_ms = gate.wait_until(tasks[0].due_ms)
-        return fired_ms, _targets_own(call)
+        with _leased(first, lease_by_ms) as free_ms:
+            ready_ms = max(first.fires_ms, free_ms)
+            fired_ms = gate.wait_until(ready_ms)
+            return fired_ms, ready_ms - first.due_ms, _targets_own(call)
     except (PermanentTargetError, TransientTargetError) as error:  # for the whole call
-        return clock.now_ms(), [error] * len(tasks)
+        return clock.now_ms(), 0, [error] * len(tasks)
+
+
+# A send that needs a lease of its flow looks for one this long before its gate (a read and
+# a write of the key's lease items): a lease held through a long wait for a rate's slot
+# would keep it from the key's other sends.
+LEASE_AHEAD_MS = 100
+
+
+@contextmanager
+def _leased(task: ClaimedTask, by_ms: int) -> Iterator[int]:
+    """A lease of the task's flow held for its send, if it limits sends in flight: the
+    millisecond one was free (0 when it needs none)."""
+    if task.leases is None:
+        yield 0
+        return
+    gate.wait_until(task.fires_ms - LEASE_AHEAD_MS)
+    with task.leases.sending(by_ms) as free_ms:
+        yield free_ms
 
 
 def _call(tasks: list[ClaimedTask]) -> Callable[[], list[Answer]]:
@@ -186,10 +222,10 @@ def fire(tasks: list[ClaimedTask], deadline_ms: int) -> list[Fired | Failed]:
     and it can end before `deadline_ms` (one attempt may take the target's
     `attempt_limit_s`: an invocation killed mid-attempt may have acted unrecorded, and
     its retry would act again). Each task's outcome, in order."""
-    due_ms, limit_ms = tasks[0].due_ms, tasks[0].target.attempt_limit_s * 1000
+    due_ms, limit_ms = tasks[0].fires_ms, int(tasks[0].target.attempt_limit_s * 1000)
     outcomes: dict[int, Fired | Failed] = {}
     tries: list[list[Try]] = [[] for _ in tasks]  # each failed attempt, when and why
-    pending, prepared, attempts, fired_ms = list(range(len(tasks))), set(), 0, due_ms
+    pending, prepared, attempts, fired_ms, held_ms = list(range(len(tasks))), set(), 0, due_ms, 0
 
     def failed(i: int, cause: str) -> None:
         outcomes[i] = Failed("PermanentTargetError", cause, attempts, tuple(tries[i]))
@@ -216,12 +252,12 @@ def fire(tasks: list[ClaimedTask], deadline_ms: int) -> list[Fired | Failed]:
             attempts -= 1  # preparing took the time an attempt needed
             continue
         if ready:
-            fired_ms, sent = _deliver([tasks[i] for i in ready])
+            fired_ms, held_ms, sent = _deliver([tasks[i] for i in ready], deadline_ms - limit_ms)
             answers.update(zip(ready, sent, strict=True))
         pending = []
         for i, answer in sorted(answers.items()):
             if isinstance(answer, dict):
-                outcomes[i] = Fired(fired_ms, answer, attempts, tuple(tries[i]))
+                outcomes[i] = Fired(fired_ms, answer, attempts, tuple(tries[i]), held_ms)
                 continue
             tries[i].append(_failed_try(began_ms, answer))
             if isinstance(answer, PermanentTargetError):
@@ -261,6 +297,9 @@ def _claimed(item: dict[str, Any], asked: BatchTask, task_type: TaskType) -> Cla
             target=parse_target(task_type, json.loads(item["target"])),
             payload_json=item["payload"],
             max_attempts=int(item.get("max_attempts", DEFAULT_MAX_ATTEMPTS)),
+            requeues=int(item.get("requeues", 0)),
+            flow=flow_of(item),
+            planned_ms=int(item.get("planned_ms", 0)),
         )
     except (ValidationError, KeyError, ValueError, TypeError) as error:
         return Failed("PermanentTargetError", f"malformed stored task: {error}", 0)
@@ -333,12 +372,17 @@ class Held:
 def sends(held: list[Held]) -> list[list[Held]]:
     """The calls a batch's tasks go out in: those of a batched target due in one
     millisecond at one queue, topic or bus, ten to a call and 256 KiB at most (an entry
-    larger than that alone); any other task alone. In the batch's order."""
+    larger than that alone); any other task alone, as is each task of a flow (its limits
+    count sends). In the batch's order."""
     calls: list[list[Held]] = []
     open_calls: dict[tuple[int, type, str], tuple[list[Held], int]] = {}
     for each in held:
         task = each.task
-        if isinstance(task, Failed) or not isinstance(task.target, BatchedTarget):
+        if (
+            isinstance(task, Failed)
+            or not isinstance(task.target, BatchedTarget)
+            or task.flow is not None
+        ):
             calls.append([each])
             continue
         key = (task.due_ms, type(task.target), task.target.batch_key())
@@ -398,6 +442,105 @@ def claim_batch(
     return held, [asked.task_id for asked, claim in claims if claim.in_progress]
 
 
+def plan_flows(
+    store: TaskStore, held: list[Held], holder: Holder, deadline_ms: int
+) -> tuple[list[Held], list[Held]]:
+    """Give each claimed task of a flow with a rate its slot (`tocsin.flow`), all of one
+    flow's in one write to its ledger, earliest due first; a task that keeps a slot from an
+    earlier claim keeps it. A slot later than the task's due time is written on the task;
+    one later than this invocation can wait for (a send must be able to end by
+    `deadline_ms`) is handed on, for an execution that wakes for it. The tasks to fire
+    now, with their slots and their flows' leases, and those handed on. A write that
+    cannot be made in time lets go of every task and raises TableUnavailable, as a
+    claim's does."""
+    ledger = RateLedger(store.table_name)
+    unplanned: dict[Flow, list[int]] = {}
+    for i, each in enumerate(held):
+        task = each.task
+        if isinstance(task, ClaimedTask) and task.flow and task.flow.rate and not task.planned_ms:
+            unplanned.setdefault(task.flow, []).append(i)
+    later: dict[int, int] = {}  # the slots later than their tasks' due times
+    try:
+        for flow, members in unplanned.items():
+            members.sort(key=lambda i: held[i].asked.due_ms)
+            dues = [held[i].asked.due_ms for i in members]
+            slots = written(flow.key, deadline_ms, lambda: ledger.plan(flow, dues))  # noqa: B023
+            later |= {i: s for i, s, due in zip(members, slots, dues, strict=True) if s > due}
+        handed_on = _write_slots(store, held, holder, later, deadline_ms)
+    except TableUnavailable:
+        _let_go(store, holder, [each.asked for each in held])
+        raise
+    slotted = [
+        replace(each, task=replace(each.task, planned_ms=later[i])) if i in later else each  # type: ignore[type-var]
+        for i, each in enumerate(held)
+    ]
+    firing = [each for i, each in enumerate(slotted) if i not in handed_on]
+    return _with_leases(store.table_name, firing, holder), [slotted[i] for i in handed_on]
+
+
+def _write_slots(
+    store: TaskStore, held: list[Held], holder: Holder, later: dict[int, int], deadline_ms: int
+) -> set[int]:
+    """Write each slot on its task: handed on, PENDING, if its send could not end by
+    `deadline_ms`; the tasks handed on."""
+
+    def write(i: int) -> bool:
+        asked, slot = held[i].asked, later[i]
+        limit_ms = held[i].task.target.attempt_limit_s * 1000  # type: ignore[union-attr]
+        if slot + limit_ms <= deadline_ms:
+            plan = lambda: store.plan(asked.task_id, asked.version, holder.attempt, slot)  # noqa: E731
+            written(asked.task_id, deadline_ms, plan)
+            return False
+        keys = check_keys(asked.task_id, slot + LOOK_AFTER_MS, settings())
+        return written(
+            asked.task_id,
+            deadline_ms,
+            lambda: store.hand_on(asked.task_id, asked.version, holder.attempt, slot, keys),
+        )
+
+    if not later:
+        return set()
+    with ThreadPoolExecutor(max_workers=min(CLAIM_WORKERS, len(later))) as pool:
+        handed = dict(zip(later, pool.map(write, later), strict=True))
+    return {i for i, on in handed.items() if on}
+
+
+def _with_leases(table: str, held: list[Held], holder: Holder) -> list[Held]:
+    """The tasks, each of a flow with a parallelism given the invocation's leases of its
+    flow (one `Leases` a flow, for as many sends as it has tasks here)."""
+    counts = Counter(
+        each.task.flow
+        for each in held
+        if isinstance(each.task, ClaimedTask) and each.task.flow and each.task.flow.parallelism
+    )
+    leases = {
+        flow: Leases(table, flow, holder.attempt, holder.lease_until_ms, count)
+        for flow, count in counts.items()
+    }
+    return [
+        replace(each, task=replace(each.task, leases=leases[each.task.flow]))  # type: ignore[arg-type]
+        if isinstance(each.task, ClaimedTask) and each.task.flow in leases
+        else each
+        for each in held
+    ]
+
+
+def _hand_on(held: list[Held], batch: BatchEvent, deadline_ms: int) -> None:
+    """Start the executions that wake for the slots of the tasks handed on."""
+    tasks = [
+        DueTask(
+            each.asked.due_ms,
+            each.asked.task_id,
+            each.asked.version,
+            batch.task_type,
+            each.task.requeues,  # type: ignore[union-attr]
+            each.task.planned_ms,  # type: ignore[union-attr]
+        )
+        for each in held
+    ]
+    _start(tasks, batch.execution, deadline_ms, "handed on")
+
+
 def _let_go(store: TaskStore, holder: Holder, tasks: list[BatchTask]) -> None:
     """End this invocation's hold on `tasks` (it is failing before finishing them), so that
     the retry takes them over at once rather than after the invocation's time. Once each,
@@ -432,6 +575,8 @@ def _finish(
         fields["fired_at"] = clock.to_iso(outcome.fired_ms)
         fields["lateness_ms"] = outcome.fired_ms - asked.due_ms
         fields["result"] = json.dumps(outcome.result)
+        if isinstance(each.task, ClaimedTask) and each.task.flow:
+            fields["held_ms"] = outcome.held_ms
     else:
         status = TaskStatus.FAILED
         error = {"Error": outcome.error, "Cause": outcome.cause}
@@ -479,6 +624,7 @@ def execute(
     held, in_progress = claim_batch(
         store, batch, holder, began_ms + (deadline_ms - began_ms) // CLAIMS_SHARE
     )
+    held, handed_on = plan_flows(store, held, holder, deadline_ms)
 
     def run(call: list[Held]) -> list[Recorded | Exception]:
         """Fire a call's tasks (but one that failed already, or that the sent log shows an
@@ -495,6 +641,9 @@ def execute(
         if to_fire:
             fired = fire([call[i].task for i in to_fire], deadline_ms)  # type: ignore[misc]
             outcomes.update(zip(to_fire, fired, strict=True))
+        for each in call:  # sent, or never to be: a lease its flow holds for it may go back
+            if isinstance(each.task, ClaimedTask) and each.task.leases:
+                each.task.leases.done()
         return [record(each, outcomes[i]) for i, each in enumerate(call)]
 
     def record(each: Held, outcome: Fired | Failed) -> Recorded | Exception:
@@ -511,43 +660,71 @@ def execute(
                     return unlogged
             return error
 
-    counts = Counter(tasks=len(batch.tasks), claimed=len(held))
+    counts = Counter(tasks=len(batch.tasks), claimed=len(held) + len(handed_on))
     callbacks: list[dict[str, Any]] = []  # the callback tasks the final marks made
-    if held:
-        calls = sends(held)
-        with ThreadPoolExecutor(max_workers=len(calls)) as pool:
-            futures = [pool.submit(run, call) for call in calls]
-        done: list[tuple[Held, Recorded | BaseException]] = []
-        for call, future in zip(calls, futures, strict=True):
-            error = future.exception()  # before any send: the whole call failed
-            done += zip(call, [error] * len(call) if error else future.result(), strict=True)
-        failed = [(each, result) for each, result in done if isinstance(result, BaseException)]
-        if failed:  # the others are done; the retry takes these over at once
-            _let_go(store, holder, [each.asked for each, _ in failed])
-        if callbacks:  # those of the tasks that ended, whatever became of the others
-            counts["callbacks"] = len(callbacks)
-            _start_callbacks(callbacks, batch.execution, ends_ms - MARK_MARGIN_MS)
-        if failed:
-            raise failed[0][1]
-        for each, (outcome, recorded) in done:  # type: ignore[misc]
-            _report(each.asked, outcome, counts)
-            if not recorded:  # the task changed under the claim, or a later attempt took it
-                counts["unrecorded"] += 1
-                metrics.add_metric(name="OutcomeUnrecorded", unit=MetricUnit.Count, value=1)
-                logger.warning("outcome not recorded", task_id=each.asked.task_id)
+    if handed_on:
+        counts["handed_on"] = len(handed_on)
+    with ThreadPoolExecutor(max_workers=1) as handing:  # beside the sends: their gates go on
+        if handed_on:
+            handing.submit(_hand_on, handed_on, batch, ends_ms - MARK_MARGIN_MS)
+        if held:
+            _send_all(held, run, store, holder, batch, counts, callbacks, ends_ms)
     if in_progress:  # the rest is done; the retry takes these over once that attempt ended
         raise DeliveryInProgress(", ".join(in_progress))
     return dict(counts)
 
 
-def _start_callbacks(callbacks: list[dict[str, Any]], execution: str, deadline_ms: int) -> None:
-    """Start the callback tasks the batch's final marks made, on the state machine that runs
-    this batch (read from its execution's ARN: the template cannot give the executors the
-    machine's, which names them), by `deadline_ms`; one not started goes to a check shard,
-    for the reconciler to start (or, if even that write fails, to find past its placing,
-    as any task its writer did not start: `tocsin.callbacks.callback_item`)."""
+def _send_all(
+    held: list[Held],
+    run: Callable[[list[Held]], list[Recorded | Exception]],
+    store: TaskStore,
+    holder: Holder,
+    batch: BatchEvent,
+    counts: Counter[str],
+    callbacks: list[dict[str, Any]],
+    ends_ms: int,
+) -> None:
+    """Run every call of the held tasks, each in a thread of its own, then start the
+    callbacks their final marks made and count what became of each; raise the first
+    failure, once the others are done and the failed tasks let go."""
+    calls = sends(held)
+    leases = {each.task.leases for each in held if isinstance(each.task, ClaimedTask)} - {None}
+    try:
+        with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+            futures = [pool.submit(run, call) for call in calls]
+    finally:  # every send made: the flows' leases go back at once
+        for flow_leases in leases:
+            flow_leases.release()  # type: ignore[union-attr]
+    done: list[tuple[Held, Recorded | BaseException]] = []
+    for call, future in zip(calls, futures, strict=True):
+        error = future.exception()  # before any send: the whole call failed
+        done += zip(call, [error] * len(call) if error else future.result(), strict=True)
+    failed = [(each, result) for each, result in done if isinstance(result, BaseException)]
+    if failed:  # the others are done; the retry takes these over at once
+        _let_go(store, holder, [each.asked for each, _ in failed])
+    if callbacks:  # those of the tasks that ended, whatever became of the others
+        counts["callbacks"] = len(callbacks)
+        tasks = [due_task(item) for item in callbacks]
+        _start(tasks, batch.execution, ends_ms - MARK_MARGIN_MS, "callbacks")
+    if failed:
+        raise failed[0][1]
+    for each, (outcome, recorded) in done:  # type: ignore[misc]
+        _report(each, outcome, counts)
+        if not recorded:  # the task changed under the claim, or a later attempt took it
+            counts["unrecorded"] += 1
+            metrics.add_metric(name="OutcomeUnrecorded", unit=MetricUnit.Count, value=1)
+            logger.warning("outcome not recorded", task_id=each.asked.task_id)
+    _report_flows(done)
+
+
+def _start(tasks: list[DueTask], execution: str, deadline_ms: int, what: str) -> None:
+    """Start tasks this invocation made PENDING (the callback tasks its final marks made,
+    the tasks it handed on), on the state machine that runs this batch (read from its
+    execution's ARN: the template cannot give the executors the machine's, which names
+    them), by `deadline_ms`; one not started goes to a check shard, for the reconciler to
+    start (or, if even that write fails, to find where it was put: a callback past its
+    placing, `tocsin.callbacks.callback_item`; a task handed on once its slot is past)."""
     config = settings().model_copy(update={"state_machine_arn": machine_of(execution)})
-    tasks = [due_task(item) for item in callbacks]
     until_ms = min(deadline_ms, clock.now_ms() + START_WITHIN_MS)
     deadline = time.monotonic() + max(until_ms - clock.now_ms(), 0) / 1000
     try:  # a start's retries could outlast the invocation: cut off, as a writer's start is
@@ -558,10 +735,11 @@ def _start_callbacks(callbacks: list[dict[str, Any]], execution: str, deadline_m
         )
         look_again_now(started.left, config)
     except (BotoCoreError, ClientError, TimeoutError) as fault:
-        logger.warning("callbacks not started", fault=type(fault).__name__)
+        logger.warning(f"{what} not started", fault=type(fault).__name__)
 
 
-def _report(asked: BatchTask, outcome: Fired | Failed, counts: Counter[str]) -> None:
+def _report(each: Held, outcome: Fired | Failed, counts: Counter[str]) -> None:
+    asked = each.asked
     if isinstance(outcome, Failed):
         counts["failed"] += 1
         metrics.add_metric(name="Failed", unit=MetricUnit.Count, value=1)
@@ -572,6 +750,25 @@ def _report(asked: BatchTask, outcome: Fired | Failed, counts: Counter[str]) -> 
     metrics.add_metric(name="Fired", unit=MetricUnit.Count, value=1)
     metrics.add_metric(name="LatenessMs", unit=MetricUnit.Milliseconds, value=lateness_ms)
     logger.info("fired", task_id=asked.task_id, version=asked.version, lateness_ms=lateness_ms)
+    if outcome.held_ms:
+        counts["held"] += 1
+
+
+def _report_flows(done: list[tuple[Held, Recorded | BaseException]]) -> None:
+    """Per flow key, the tasks its limits held past their due time and the longest hold,
+    as metrics of their own (the key a dimension)."""
+    held: dict[str, list[int]] = {}
+    for each, recorded in done:
+        task, outcome = each.task, recorded[0]  # type: ignore[index]
+        if isinstance(task, ClaimedTask) and task.flow and isinstance(outcome, Fired):
+            held.setdefault(task.flow.key, []).append(outcome.held_ms)
+    for key, held_ms in held.items():
+        for name, unit, value in (
+            ("FlowHeld", MetricUnit.Count, sum(1 for ms in held_ms if ms > 0)),
+            ("FlowHeldMs", MetricUnit.Milliseconds, max(held_ms)),
+        ):
+            with single_metric(name=name, unit=unit, value=value, namespace="Tocsin") as metric:
+                metric.add_dimension(name="FlowKey", value=key)
 
 
 def executor_handler(task_type: TaskType) -> Callable[[dict[str, Any], LambdaContext], Any]:

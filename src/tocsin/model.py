@@ -7,6 +7,7 @@ from enum import StrEnum
 from typing import Any
 
 from tocsin import clock
+from tocsin.flow import flow_view
 from tocsin.index_keys import due_index_keys
 from tocsin.settings import Settings
 
@@ -124,6 +125,9 @@ SUMMARY_ATTRIBUTES = (
     "lateness_ms",
     "result",
     "error",
+    "flow",
+    "planned_at",
+    "held_ms",
 )
 
 
@@ -165,4 +169,4 @@ def task_summary(item: dict[str, Any]) -> dict[str, Any]:
         view["result"] = json.loads(item["result"])
     if "error" in item:
         view["error"] = error_view(item["error"])
-    return view
+    return view | flow_view(item)

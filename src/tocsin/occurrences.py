@@ -64,8 +64,9 @@ def occurrence_task(
     )
     if "body" in schedule:  # kept apart: the occurrence names it too (tocsin.bodies)
         item = naming(item, schedule["body"])
-    if "callbacks" in schedule:  # each occurrence tells its own outcome (tocsin.callbacks)
-        item["callbacks"] = schedule["callbacks"]
+    for name in ("callbacks", "flow"):  # each occurrence's own (tocsin.callbacks, .flow)
+        if name in schedule:
+            item[name] = schedule[name]
     return {
         **item,
         "schedule_id": schedule["schedule_id"],

@@ -161,9 +161,9 @@ class RunState:
 
 
 def _once_settled(item: dict[str, Any], now_ms: int, config: Settings) -> dict[str, Any]:
-    """The check shard keys of a task started now (or at its due time, if later): looked at
-    again once its execution should have settled it."""
-    look_ms = max(int(item["due_ms"]), now_ms) + LOOK_AFTER_MS
+    """The check shard keys of a task started now (or at its due time, or its flow's slot,
+    if later): looked at again once its execution should have settled it."""
+    look_ms = max(due_task(item).fires_ms, now_ms) + LOOK_AFTER_MS
     return check_keys(item["task_id"], look_ms, config)
 
 

@@ -19,7 +19,7 @@ from tocsin import aws, clock
 from tocsin.bodies import CONTENT, BodyStore, retired_at, split_schedule
 from tocsin.model import TaskStatus
 from tocsin.settings import settings
-from tocsin.store import typed
+from tocsin.store import PLANNED, typed
 
 SCHEDULE_DUE_INDEX = "DueIndex"  # ENABLED schedules only, by shard and next occurrence
 # A schedule edited or deleted leaves a record of the occurrences it had made: written in one
@@ -312,7 +312,8 @@ _OCCURRENCE_FIELDS = (
 def _upsert_occurrence(task: dict[str, Any]) -> dict[str, Any]:
     """The occurrence's task written new (version 1), or over an unclaimed task of an older
     revision as its next version: that version's execution then fails its claim."""
-    optional = (*CONTENT, "body", "callbacks")  # its body held otherwise; callbacks dropped
+    # its body held otherwise; callbacks or a flow dropped
+    optional = (*CONTENT, "body", "callbacks", "flow")
     fields = [*_OCCURRENCE_FIELDS, *(name for name in optional if name in task)]
     gone = [name for name in optional if name not in task]
     names = {f"#a{i}": name for i, name in enumerate(fields)}
@@ -323,7 +324,7 @@ def _upsert_occurrence(task: dict[str, Any]) -> dict[str, Any]:
         "UpdateExpression": (
             f"SET #v = if_not_exists(#v, :zero) + :one, #s = :pending, {sets}, "
             "created_at = if_not_exists(created_at, :now) "
-            f"REMOVE {', '.join(['execution', 'requeues', *gone])}"
+            f"REMOVE {', '.join(['execution', 'requeues', *PLANNED, *gone])}"
         ),
         "ConditionExpression": (
             "attribute_not_exists(task_id) OR (schedule_revision < :rev AND #s = :pending)"

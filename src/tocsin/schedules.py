@@ -21,6 +21,7 @@ from tocsin.bodies import split_schedule
 from tocsin.callbacks import Callback
 from tocsin.dispatch import dispatch_all, look_again_now
 from tocsin.errors import Conflict, InvalidSchedule, NotFound
+from tocsin.flow import Flow
 from tocsin.index_keys import shard_of
 from tocsin.lifecycle import MAX_PAGE, decode_page_key, encode_page_key
 from tocsin.model import (
@@ -79,6 +80,7 @@ class ScheduleSpec(BaseModel):
     catch_up: CatchUp = CatchUp.SKIP
     on_success: Callback | None = None  # each occurrence's, as a task's (tocsin.callbacks)
     on_failure: Callback | None = None
+    flow: Flow | None = None  # each occurrence's, as a task's (tocsin.flow)
 
 
 class ScheduleListing(BaseModel):
@@ -106,6 +108,7 @@ class ScheduleChange(BaseModel):
     catch_up: CatchUp | None = None
     on_success: Callback | None = None  # null: none from now on
     on_failure: Callback | None = None
+    flow: Flow | None = None  # null: none from now on
     state: Literal["ENABLED", "PAUSED"] | None = None
 
 
@@ -155,6 +158,7 @@ def _schedule_item(
         **({"start_ms": start} if start is not None else {}),
         **({"end_ms": end} if end is not None else {}),
         **({"callbacks": callbacks} if callbacks else {}),
+        **({"flow": spec.flow.stored()} if spec.flow else {}),
     }
     first = Occurrences(rule, start, end).first_from(now_ms)
     if first is None:
@@ -174,8 +178,9 @@ def _due_keys(schedule_id: str, next_ms: int, config: Settings) -> dict[str, Any
 
 def _body_hash(owner: str, spec: ScheduleSpec) -> str:
     """What identifies a creating request, its retries included (times as instants; the
-    callbacks only where named, so that a schedule without keeps the hash it had)."""
-    unnamed = {name for name in ("on_success", "on_failure") if getattr(spec, name) is None}
+    callbacks and flow only where named, so that a schedule without keeps the hash it had)."""
+    optional = ("on_success", "on_failure", "flow")
+    unnamed = {name for name in optional if getattr(spec, name) is None}
     body = spec.model_dump(mode="json", exclude={"id", "start_at", "end_at", *unnamed})
     body |= {"start_at": _ms(spec.start_at), "end_at": _ms(spec.end_at)}
     return hashlib.sha256(json.dumps([owner, body], sort_keys=True).encode()).hexdigest()
@@ -194,6 +199,7 @@ def _stored_spec(item: dict[str, Any]) -> dict[str, Any]:
         "max_attempts": int(item["max_attempts"]),
         "catch_up": item["catch_up"],
         **json.loads(item.get("callbacks", "{}")),
+        **({"flow": json.loads(item["flow"])} if "flow" in item else {}),
     }
 
 

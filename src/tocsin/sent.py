@@ -22,12 +22,13 @@ Try = dict[str, str]
 @dataclass(frozen=True)
 class Fired:
     """A task sent: when its gate let go, what the target answered, in how many attempts,
-    and the attempts before it that failed."""
+    the attempts before it that failed, and how long flow control held it."""
 
     fired_ms: int
     result: dict[str, Any]
     attempts: int
     tries: tuple[Try, ...] = ()
+    held_ms: int = 0  # how long its flow's limits held it past its due time (tocsin.flow)
 
 
 class SentLog:
@@ -42,6 +43,7 @@ class SentLog:
                 "result": json.dumps(sent.result),
                 "attempts": sent.attempts,
                 "tries": json.dumps(sent.tries),
+                "held_ms": sent.held_ms,
                 "expires_at": expires_at,
             }
         )
@@ -53,7 +55,8 @@ class SentLog:
         if item is None:
             return None
         result, tries = json.loads(item["result"]), tuple(json.loads(item.get("tries", "[]")))
-        return Fired(int(item["fired_ms"]), result, int(item["attempts"]), tries)
+        held_ms = int(item.get("held_ms", 0))
+        return Fired(int(item["fired_ms"]), result, int(item["attempts"]), tries, held_ms)
 
 
 def _key(task_id: str, version: int) -> str:

@@ -39,6 +39,9 @@ BUSY = "DynamoDB is busy: send the same request again"
 # A claim's lease is over (or there is none): no invocation may still be sending the task.
 LEASE_OVER = "(attribute_not_exists(lease_until) OR lease_until < :now_ms)"
 STATUS_AND_VERSION = {"#s": "status", "#v": "version"}
+# A version's flow slot (`tocsin.flow`): a new version is planned anew.
+PLANNED = ("planned_ms", "planned_at")
+HELD = ", ".join((*PLANNED, "held_ms"))
 _serialize = TypeSerializer().serialize
 
 
@@ -80,6 +83,10 @@ class TaskStore:
         self._client = aws.client("dynamodb")  # a task's end with its callback's put
         self._cancelled = self._client.exceptions.TransactionCanceledException
         self._bodies = BodyStore(settings().bodies_table)
+
+    @property
+    def table_name(self) -> str:
+        return str(self._table.name)
 
     def create(self, item: dict[str, Any]) -> dict[str, Any] | None:
         """Write a new task, its body apart first if it is large (`tocsin.bodies`); if the
@@ -281,7 +288,8 @@ class TaskStore:
         PENDING task names no execution: a requeue or a redrive removed its claim's.)
         """
         names, values, sets = _assignments(changes, "c")
-        gone = ", ".join(n for n in (*CONTENT, "body") if n not in changes)  # the other form
+        # the body's other form, and the old version's flow slot
+        gone = ", ".join([*(n for n in (*CONTENT, "body") if n not in changes), *PLANNED])
         return self._update_if_changeable(
             task_id,
             owner,
@@ -436,6 +444,51 @@ class TaskStore:
             {":over": 0, ":running": TaskStatus.RUNNING.value, ":v": version, ":attempt": attempt},
         )
 
+    def plan(self, task_id: str, version: int, attempt: str, planned_ms: int) -> bool:
+        """Write when flow control lets a claimed task go (`tocsin.flow`): the API shows
+        it, and a retry of the claim keeps it. Whether the task is still `attempt`'s."""
+        return (
+            self._update(
+                task_id,
+                "SET planned_ms = :planned, planned_at = :planned_at",
+                "#s = :running AND #v = :v AND attempt = :attempt",
+                {
+                    ":planned": planned_ms,
+                    ":planned_at": clock.to_iso(planned_ms),
+                    ":running": TaskStatus.RUNNING.value,
+                    ":v": version,
+                    ":attempt": attempt,
+                },
+            )
+            is not None
+        )
+
+    def hand_on(
+        self, task_id: str, version: int, attempt: str, planned_ms: int, keys: dict[str, Any]
+    ) -> bool:
+        """Give a claimed task back, PENDING, for an execution that wakes for its flow's
+        slot at `planned_ms` (past what `attempt` can wait for), in a check shard (`keys`)
+        for a look once that execution should have settled it. Whether it was given."""
+        return (
+            self._update(
+                task_id,
+                "SET #s = :pending, planned_ms = :planned, planned_at = :planned_at, "
+                "gsi_pk = :pk, gsi_due_ms = :look REMOVE execution, attempt, lease_until",
+                "#s = :running AND #v = :v AND attempt = :attempt",
+                {
+                    ":pending": TaskStatus.PENDING.value,
+                    ":planned": planned_ms,
+                    ":planned_at": clock.to_iso(planned_ms),
+                    ":pk": keys["gsi_pk"],
+                    ":look": keys["gsi_due_ms"],
+                    ":running": TaskStatus.RUNNING.value,
+                    ":v": version,
+                    ":attempt": attempt,
+                },
+            )
+            is not None
+        )
+
     def redrive(
         self, task_id: str, version: int, index_keys: dict[str, Any], now_iso: str
     ) -> dict[str, Any] | None:
@@ -444,7 +497,7 @@ class TaskStore:
             task_id,
             "SET #v = :next, #s = :pending, attempts = :zero, updated_at = :now, "
             "gsi_pk = :pk, gsi_due_ms = :due, placed_ms = :placed "
-            "REMOVE #e, expires_at, execution, attempt, lease_until, requeues, tries",
+            f"REMOVE #e, expires_at, execution, attempt, lease_until, requeues, tries, {HELD}",
             "#s = :failed AND #v = :v",
             {
                 ":next": version + 1,

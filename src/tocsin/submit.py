@@ -26,6 +26,7 @@ from tocsin import clock
 from tocsin.callbacks import Callback
 from tocsin.dispatch import dispatch_if_due_soon
 from tocsin.errors import Conflict, InvalidTask, TaskError
+from tocsin.flow import Flow
 from tocsin.model import (
     DEFAULT_MAX_ATTEMPTS,
     ID_PATTERN,
@@ -98,6 +99,7 @@ class Submission(Timing):
     max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1, le=MAX_ATTEMPTS_LIMIT)
     on_success: Callback | None = None
     on_failure: Callback | None = None
+    flow: Flow | None = None
 
 
 @dataclass(frozen=True)
@@ -178,17 +180,17 @@ def new_item(
     )
     task_id = submission.id or uuid.uuid4().hex
     # What the caller asked for (a delay, not the time it resolved to), so a retried
-    # request is recognised as the same one; callbacks only where named, so a task without
-    # any keeps the hash it had before they existed.
+    # request is recognised as the same one; callbacks and a flow only where named, so a
+    # task without them keeps the hash it had before they existed.
     asked = [clock.to_ms(submission.due_at)] if submission.due_at else [str(submission.delay)]
     hashed = [owner, *asked, submission.type, *content, submission.max_attempts]
-    body_hash = hashlib.sha256(
-        json.dumps(hashed + ([callbacks] if callbacks else [])).encode()
-    ).hexdigest()
+    named = {"callbacks": callbacks, "flow": submission.flow and submission.flow.stored()}
+    named = {name: value for name, value in named.items() if value}
+    body_hash = hashlib.sha256(json.dumps(hashed + list(named.values())).encode()).hexdigest()
     item = task_item(
         task_id, due_ms, submission.type, content, submission.max_attempts, owner, now_ms, config
     )
-    return {**item, "body_hash": body_hash, **({"callbacks": callbacks} if callbacks else {})}
+    return {**item, "body_hash": body_hash, **named}
 
 
 def submit_task(

@@ -3,6 +3,7 @@
 import pytest
 
 from tocsin.errors import InvalidTask
+from tocsin.flow import MAX_PARALLELISM, MAX_RATE
 from tocsin.settings import MAX_PAYLOAD_BYTES, Settings
 from tocsin.submit import new_item
 
@@ -51,6 +52,15 @@ def body(**changes):
         ({"type": "sns", "target": {}}, "target.topic_arn"),
         ({"type": "email", "target": {"source": "a@b.co", "to": [], "subject": "s"}}, "target.to"),
         ({"payload": "x" * (MAX_PAYLOAD_BYTES + 1)}, "payload"),
+        ({"flow": {"key": "k", "rate": 0}}, "flow.rate"),
+        ({"flow": {"key": "k", "rate": MAX_RATE + 1}}, "flow.rate"),
+        ({"flow": {"key": "k", "parallelism": 0}}, "flow.parallelism"),
+        ({"flow": {"key": "k", "parallelism": MAX_PARALLELISM + 1}}, "flow.parallelism"),
+        ({"flow": {"key": "k" * 65, "rate": 1}}, "flow.key"),
+        ({"flow": {"key": "has space", "rate": 1}}, "flow.key"),
+        ({"flow": {"rate": 1}}, "flow.key"),
+        ({"flow": {"key": "k"}}, "flow"),  # neither limit
+        ({"flow": {"key": "k", "rate": 1, "burst": 3}}, "flow.burst"),
     ],
 )
 def test_invalid_submission_names_the_field(changes, field):
@@ -95,3 +105,12 @@ def test_a_delay_from_a_late_event_still_fires():
         body(due_at=None, delay="PT1H"), "events", NOW, CONFIG, base_ms=NOW - 86_400_000
     )
     assert item["due_ms"] == NOW - 86_400_000 + 3_600_000
+
+
+def test_a_flow_is_stored_and_hashed_only_when_named():
+    plain = new_item(body(), "alice", NOW, CONFIG)
+    flowing = new_item(body(flow={"key": "api.example.com", "rate": 50}), "alice", NOW, CONFIG)
+    assert "flow" not in plain
+    assert flowing["flow"] == '{"key":"api.example.com","rate":50}'
+    assert flowing["body_hash"] != plain["body_hash"]
+    assert plain["body_hash"] == new_item(body(), "alice", NOW + 1000, CONFIG)["body_hash"]

@@ -44,7 +44,9 @@ class WebhookReceiver:
     """Records every POST with the millisecond it arrived and answers it.
 
     The answer is the next of `script_for[path]` while it lasts (a status, "hang": say
-    nothing for `hang_s`, or "close": drop the connection), then `status_for[path]`, or 200.
+    nothing for `hang_s`, or "close": drop the connection), then `status_for[path]`, or 200,
+    given `answer_after_s` after the request arrived (a slow receiver). It counts the
+    requests it holds at once, arrived and not yet answered (`most_in_flight`).
     """
 
     def __init__(self, port: int = 0, hang_s: float = 15.0, tls: ssl.SSLContext | None = None):
@@ -53,6 +55,8 @@ class WebhookReceiver:
         self.script_for: dict[str, list[Reply]] = {}
         self.hang_s = hang_s
         self.on_arrival: Callable[[Arrival], None] | None = None  # run before each answer
+        self.answer_after_s = 0.0
+        self.in_flight = self.most_in_flight = 0
         self._lock = threading.Lock()
         self._server = LocalServer(("127.0.0.1", port), self._handler_class())
         self._server.tls = tls  # HTTPS, as a webhook's receiver on the internet answers
@@ -94,11 +98,31 @@ class WebhookReceiver:
         with self._lock:
             self.arrivals.append(arrival)
 
+    def _holding(self, more: int) -> None:
+        """One request more held (1), or answered (-1)."""
+        with self._lock:
+            self.in_flight += more
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
+                receiver._holding(1)
+                try:
+                    reply = self._take()
+                finally:  # before the answer: its sender may send again once it has it
+                    receiver._holding(-1)
+                if not isinstance(reply, int):
+                    self.close_connection = True
+                    return
+                self.send_response(reply)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def _take(self) -> Reply:
+                """Read and record the request, and wait as told: the reply to give."""
                 arrived = clock.now_ms()
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 reply = receiver._reply_to(self.path)
@@ -114,14 +138,10 @@ class WebhookReceiver:
                 receiver._record(arrival)
                 if receiver.on_arrival is not None:
                     receiver.on_arrival(arrival)
+                time.sleep(receiver.answer_after_s)
                 if reply == "hang":
                     time.sleep(receiver.hang_s)
-                if not isinstance(reply, int):
-                    self.close_connection = True
-                    return
-                self.send_response(reply)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+                return reply
 
             def do_GET(self) -> None:
                 """`/_arrivals`: what arrived so far, as JSON; `/_arrivals/tasks`: how many

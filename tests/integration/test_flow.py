@@ -1,0 +1,154 @@
+"""Flow control: a flow's tasks share its rate and its parallelism across every executor
+invocation at once; none fires early, none is lost or sent twice, and each delay shows
+(tocsin.flow)."""
+
+import time
+from collections import Counter
+from dataclasses import replace
+from datetime import datetime
+
+from tests.conftest import (
+    call_api,
+    runtime_with,
+    store_task,
+    stored,
+    wait_for_status,
+    webhook_task,
+)
+from tocsin import clock
+from tocsin.settings import settings
+
+
+def flowing(url: str, due_ms: int, task_id: str, **flow: object) -> dict:
+    return webhook_task(url, due_ms, task_id) | {"flow": {"key": "one-host", **flow}}
+
+
+def submitted(runtime, url: str, due_ms: int, ids: list[str], **flow: object) -> None:
+    """Submit each task apart: each is its own execution and invocation."""
+    for task_id in ids:
+        assert call_api(runtime, "POST", "/tasks", flowing(url, due_ms, task_id, **flow))[0] == 201
+
+
+def ended(ids: list[str]) -> list[dict]:
+    return [wait_for_status(task_id, {"SUCCEEDED"}, timeout_s=30) for task_id in ids]
+
+
+def slot(task: dict) -> int:
+    """When a stored task's flow let it go: its slot, if held, else its due time."""
+    return int(task.get("planned_ms", task["due_ms"]))
+
+
+def fired(task: dict) -> int:
+    return int(task["due_ms"]) + int(task["lateness_ms"])
+
+
+def ms(iso: str) -> int:
+    return clock.to_ms(datetime.fromisoformat(iso))
+
+
+def most_in_any_second(moments_ms: list[int]) -> int:
+    """The most of `moments_ms` within any 1,000 ms (a window from each moment on)."""
+    ordered = sorted(moments_ms)
+    return max(sum(1 for m in ordered if start <= m < start + 1000) for start in ordered)
+
+
+def test_tasks_due_together_fire_at_their_flow_s_rate_in_due_order_none_early(runtime, receiver):
+    """Eight tasks due in one millisecond, each submitted apart (each its own execution and
+    invocation, planning at once): the flow's rate of 4 a second spaces them 250 ms apart."""
+    due = clock.now_ms() + 2500
+    ids = [f"r{i}" for i in range(8)]
+    submitted(runtime, receiver.url, due, ids, rate=4)
+
+    tasks = ended(ids)
+    assert sorted(slot(t) for t in tasks) == [due + 250 * i for i in range(8)]
+    for task in tasks:  # lateness counts the hold, and the hold is the slot's
+        assert fired(task) >= slot(task) and int(task["held_ms"]) == slot(task) - due
+        assert fired(task) == ms(task["fired_at"])
+    arrivals = receiver.received()
+    assert Counter(a.task_id for a in arrivals) == Counter(ids)
+    assert min(a.arrival_ms for a in arrivals) >= due
+    assert most_in_any_second([slot(t) for t in tasks]) == 4
+
+
+def test_a_held_task_shows_when_it_will_fire_before_it_does(runtime, receiver):
+    due = clock.now_ms() + 2500
+    submitted(runtime, receiver.url, due, ["first", "second", "third"], rate=1)
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        views = [call_api(runtime, "GET", f"/tasks/{i}")[1] for i in ("first", "second", "third")]
+        held = [v for v in views if v["status"] == "RUNNING" and v["planned_at"]]
+        if held:
+            break
+        time.sleep(0.05)
+    assert held, "no task showed when it will fire"
+    [view] = held[-1:]
+    assert view["flow"] == {"key": "one-host", "rate": 1, "parallelism": None}
+    assert ms(view["planned_at"]) > due and clock.now_ms() < ms(view["planned_at"])
+    ended = wait_for_status(view["id"], {"SUCCEEDED"})
+    assert fired(ended) >= ms(view["planned_at"])
+
+
+def test_a_slot_past_what_an_invocation_can_wait_for_is_handed_on_and_fires_at_it(
+    runtime, receiver, monkeypatch
+):
+    """An executor of 12 s and webhooks of 4 s at most leave an invocation woken 2.5 s
+    before its task's due time room to send up to 2.5 s past it: of four tasks due together
+    at a rate of 1 a second, the last goes on to an execution that wakes for its slot, and
+    each fires once, at its slot."""
+    monkeypatch.setenv("WEBHOOK_TIMEOUT_SECONDS", "1")
+    settings.cache_clear()
+    executor = runtime.functions["WebhookExecutorFunction"]
+    runtime.functions["WebhookExecutorFunction"] = replace(executor, timeout_s=12)
+    due = clock.now_ms() + 2500
+    ids = [f"h{i}" for i in range(4)]
+    submitted(runtime, receiver.url, due, ids, rate=1)
+    tasks = ended(ids)
+
+    assert sorted(slot(t) for t in tasks) == [due + 1000 * i for i in range(4)]
+    [last] = [t for t in tasks if slot(t) == due + 3000]
+    assert last["execution"].endswith(f"-v1h{due + 3000}")  # an execution of its own
+    assert all(fired(task) >= slot(task) for task in tasks)
+    assert Counter(a.task_id for a in receiver.received()) == Counter(ids)
+
+
+def test_a_flow_s_parallelism_holds_across_invocations(runtime, receiver):
+    """Six tasks due together, each in an invocation of its own, at a receiver that takes
+    0.4 s to answer: at most two are in flight at once, and all six arrive once."""
+    receiver.answer_after_s = 0.4
+    due = clock.now_ms() + 2500
+    ids = [f"p{i}" for i in range(6)]
+    submitted(runtime, receiver.url, due, ids, parallelism=2)
+
+    tasks = ended(ids)
+    assert receiver.most_in_flight == 2
+    assert Counter(a.task_id for a in receiver.received()) == Counter(ids)
+    assert min(a.arrival_ms for a in receiver.received()) >= due
+    held = sorted(int(t["held_ms"]) for t in tasks)
+    assert held[1] < 400 <= held[2]  # the first pair took its leases, the next waited for them
+    assert held[-1] >= 2 * 400  # the last pair waited for two answers
+
+
+def test_a_batch_of_one_flow_shares_its_limits(receiver):
+    """Tasks the finder packs into batches of its own making: one invocation plans them all
+    in one write to the ledger, and sends no more at once than the flow's parallelism."""
+    with runtime_with({"BurstSendsPerInvocation": "2"}) as runtime:
+        receiver.answer_after_s = 0.2
+        due = clock.now_ms() + 4000
+        ids = [f"b{i}" for i in range(8)]
+        for task_id in ids:
+            store_task(flowing(receiver.url, due, task_id, rate=10, parallelism=1))
+        assert runtime.run_finder()["executions"] >= 2
+        tasks = ended(ids)
+
+    assert sorted(slot(t) for t in tasks) == [due + 100 * i for i in range(8)]
+    assert receiver.most_in_flight == 1
+    assert Counter(a.task_id for a in receiver.received()) == Counter(ids)
+
+
+def test_a_task_without_a_flow_writes_no_slot(runtime, receiver):
+    due = clock.now_ms() + 2000
+    assert call_api(runtime, "POST", "/tasks", webhook_task(receiver.url, due, "plain"))[0] == 201
+    task = wait_for_status("plain", {"SUCCEEDED"})
+    assert not {"flow", "planned_at", "planned_ms", "held_ms"} & set(task)
+    assert stored("plain")["status"] == "SUCCEEDED"
