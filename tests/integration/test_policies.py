@@ -134,6 +134,13 @@ def needed(service: str, operation: str, params: dict[str, Any]) -> list[Need]:
             for item in params["TransactItems"]
             for kind, write in item.items()
         ]
+    if (service, operation) == ("dynamodb", "BatchGetItem"):  # each key's own leading key
+        return [
+            (f"dynamodb:{operation}", _resources("dynamodb", "GetItem", {"TableName": t})[0],
+             _context({"Key": key}))
+            for t, asked in params["RequestItems"].items()
+            for key in asked["Keys"]
+        ]  # fmt: skip
     action = ACTIONS.get((service, operation), f"{service}:{operation}")
     context = _context(params) if service == "dynamodb" else ()
     return [(action, arn, context) for arn in _resources(service, operation, params)]
@@ -522,6 +529,32 @@ def test_an_executor_role_allows_the_callbacks_its_final_marks_make(runtime, cal
     } <= calls.actions("WebhookExecutorFunction")
     assert on_bodies(calls, "WebhookExecutorFunction") == {"dynamodb:PutItem"}
     assert refused(runtime, calls) == []
+
+
+def test_an_executor_role_allows_its_flows_ledger_and_leases_and_no_task_read(
+    runtime, calls, receiver
+):
+    """A flow's rate planned in its ledger, a held task's slot written, leases read and
+    taken; the role may read lease items at once, never a task."""
+    flow = {"key": "one-host", "rate": 2, "parallelism": 1}
+    for task_id in ("first", "second"):
+        store_task(webhook_task(receiver.url, clock.now_ms() + 300, task_id) | {"flow": flow})
+    event = {
+        "execution": gone(runtime),
+        "task_type": "webhook",
+        "tasks": [batch_event(task_id)["tasks"][0] for task_id in ("first", "second")],
+    }
+    with calls.of("WebhookExecutorFunction"):
+        report = runtime.invoke("WebhookExecutorFunction", event)
+    assert report["fired"] == 2 and report["held"] == 1
+    assert {"dynamodb:UpdateItem", "dynamodb:BatchGetItem"} <= calls.actions(
+        "WebhookExecutorFunction"
+    )
+    assert refused(runtime, calls) == []
+    task_read = ("dynamodb:BatchGetItem", _arn("dynamodb", f"table/{settings().tasks_table}"),
+                 (("dynamodb:LeadingKeys", "first"),))  # fmt: skip
+    calls.made["WebhookExecutorFunction"].add(task_read)
+    assert refused(runtime, calls) == [("WebhookExecutorFunction", *task_read[:2])]
 
 
 def test_the_submit_role_allows_every_call_of_the_submit_queue(runtime, calls):
