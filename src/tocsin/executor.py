@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, TypeVar
 
-from aws_lambda_powertools.metrics import MetricUnit, single_metric
+from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as EndpointUnreachable
@@ -53,7 +53,7 @@ from tocsin.dispatch import (
     machine_of,
 )
 from tocsin.errors import Busy, PermanentTargetError, TransientTargetError
-from tocsin.flow import Flow, Leases, RateLedger, flow_of
+from tocsin.flow import SLOT_SLACK_MS, TURN_AHEAD_MS, Flow, Leases, Pacer, RateLedger, flow_of
 from tocsin.index_keys import LOOK_AFTER_MS, check_keys, owed_letter_keys
 from tocsin.model import (
     BATCH_ENTRIES,
@@ -120,6 +120,7 @@ class ClaimedTask:
     flow: Flow | None = None  # the limits it shares with its key's tasks (tocsin.flow)
     planned_ms: int = 0  # its flow's slot, when later than its due time
     leases: Leases | None = None  # its flow's leases in this invocation, if it limits those
+    pacer: Pacer | None = None  # its flow's sends in this invocation, if it has a rate
 
     @property
     def fires_ms(self) -> int:
@@ -162,9 +163,7 @@ def _deliver(tasks: list[ClaimedTask], lease_by_ms: int) -> tuple[int, int, list
     first = tasks[0]
     try:
         call = _targets_own(_call, tasks)  # before the gate: after it only the request is left
-        with _leased(first, lease_by_ms) as free_ms:
-            ready_ms = max(first.fires_ms, free_ms)
-            fired_ms = gate.wait_until(ready_ms)
+        with _flow_turn(first, lease_by_ms) as (ready_ms, fired_ms):
             return fired_ms, ready_ms - first.due_ms, _targets_own(call)
     except (PermanentTargetError, TransientTargetError) as error:  # for the whole call
         return clock.now_ms(), 0, [error] * len(tasks)
@@ -177,13 +176,37 @@ LEASE_AHEAD_MS = 100
 
 
 @contextmanager
-def _leased(task: ClaimedTask, by_ms: int) -> Iterator[int]:
-    """A lease of the task's flow held for its send, if it limits sends in flight: the
-    millisecond one was free (0 when it needs none)."""
+def _flow_turn(task: ClaimedTask, lease_by_ms: int) -> Iterator[tuple[int, int]]:
+    """Sleep until the task may be sent, and hold what its flow needs for the send: its
+    planned slot (its due time without a flow), a lease of its flow if it limits sends in
+    flight (waited for until `lease_by_ms`, then TimeoutError), and a slot of its flow's
+    sends if it has a rate (`Pacer`; a gate late for it tries the next). The moment it was
+    free to go, and the millisecond its gate let go."""
+    with _leased(task, task.fires_ms, lease_by_ms) as free_ms:
+        ready_ms = max(task.fires_ms, free_ms)
+        if task.pacer is None:
+            yield ready_ms, gate.wait_until(ready_ms)
+            return
+        gate.wait_until(ready_ms - TURN_AHEAD_MS)
+        while True:
+            slot_ms = task.pacer.turn(ready_ms)
+            if slot_ms > lease_by_ms:  # a send then could not end in this invocation's time
+                raise NoTimeToSend(task.task_id)
+            fired_ms = gate.wait_until(slot_ms)
+            if fired_ms <= slot_ms + SLOT_SLACK_MS:
+                yield slot_ms, fired_ms
+                return
+            ready_ms = fired_ms
+
+
+@contextmanager
+def _leased(task: ClaimedTask, slot_ms: int, by_ms: int) -> Iterator[int]:
+    """A lease of the task's flow held for its send in `slot_ms`, if it limits sends in
+    flight: the millisecond one was free (0 when it needs none)."""
     if task.leases is None:
         yield 0
         return
-    gate.wait_until(task.fires_ms - LEASE_AHEAD_MS)
+    gate.wait_until(slot_ms - LEASE_AHEAD_MS)
     with task.leases.sending(by_ms) as free_ms:
         yield free_ms
 
@@ -475,7 +498,7 @@ def plan_flows(
         for i, each in enumerate(held)
     ]
     firing = [each for i, each in enumerate(slotted) if i not in handed_on]
-    return _with_leases(store.table_name, firing, holder), [slotted[i] for i in handed_on]
+    return _with_limits(store.table_name, firing, holder), [slotted[i] for i in handed_on]
 
 
 def _write_slots(
@@ -505,21 +528,28 @@ def _write_slots(
     return {i for i, on in handed.items() if on}
 
 
-def _with_leases(table: str, held: list[Held], holder: Holder) -> list[Held]:
-    """The tasks, each of a flow with a parallelism given the invocation's leases of its
-    flow (one `Leases` a flow, for as many sends as it has tasks here)."""
+def _with_limits(table: str, held: list[Held], holder: Holder) -> list[Held]:
+    """The tasks, each of a flow given what keeps its flow's limits in this invocation:
+    its leases (one `Leases` a flow with a parallelism, for as many sends as it has tasks
+    here) and its pacer (one `Pacer` a flow with a rate: its slots of the flow's sends)."""
     counts = Counter(
         each.task.flow
         for each in held
-        if isinstance(each.task, ClaimedTask) and each.task.flow and each.task.flow.parallelism
+        if isinstance(each.task, ClaimedTask) and each.task.flow is not None
     )
-    leases = {
-        flow: Leases(table, flow, holder.attempt, holder.lease_until_ms, count)
+    until_ms, ledger = holder.lease_until_ms, RateLedger(table)
+    limits = {
+        flow: {
+            "leases": Leases(table, flow, holder.attempt, until_ms, count)
+            if flow.parallelism
+            else None,
+            "pacer": Pacer(ledger, flow) if flow.rate else None,
+        }
         for flow, count in counts.items()
     }
     return [
-        replace(each, task=replace(each.task, leases=leases[each.task.flow]))  # type: ignore[arg-type]
-        if isinstance(each.task, ClaimedTask) and each.task.flow in leases
+        replace(each, task=replace(each.task, **limits[each.task.flow]))  # type: ignore[arg-type]
+        if isinstance(each.task, ClaimedTask) and each.task.flow in limits
         else each
         for each in held
     ]
@@ -762,13 +792,13 @@ def _report_flows(done: list[tuple[Held, Recorded | BaseException]]) -> None:
         task, outcome = each.task, recorded[0]  # type: ignore[index]
         if isinstance(task, ClaimedTask) and task.flow and isinstance(outcome, Fired):
             held.setdefault(task.flow.key, []).append(outcome.held_ms)
-    for key, held_ms in held.items():
-        for name, unit, value in (
-            ("FlowHeld", MetricUnit.Count, sum(1 for ms in held_ms if ms > 0)),
-            ("FlowHeldMs", MetricUnit.Milliseconds, max(held_ms)),
-        ):
-            with single_metric(name=name, unit=unit, value=value, namespace="Tocsin") as metric:
-                metric.add_dimension(name="FlowKey", value=key)
+    for key, held_ms in held.items():  # one metric set a key: its dimension is the key's
+        per_key = EphemeralMetrics(namespace=metrics.namespace, service=metrics.service)
+        per_key.add_dimension(name="FlowKey", value=key)
+        held_count = sum(1 for ms in held_ms if ms > 0)
+        per_key.add_metric(name="FlowHeld", unit=MetricUnit.Count, value=held_count)
+        per_key.add_metric(name="FlowHeldMs", unit=MetricUnit.Milliseconds, value=max(held_ms))
+        per_key.flush_metrics()
 
 
 def executor_handler(task_type: TaskType) -> Callable[[dict[str, Any], LambdaContext], Any]:

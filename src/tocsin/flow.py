@@ -2,7 +2,7 @@
 of that key, across every executor invocation at once.
 
 * `rate`: at most that many sends a second. Each send of a key gets a slot at least
-  1/rate after the key's previous one, in a ledger item per key on the Tasks table (the
+  `spacing_us` after the key's previous one, in a ledger item per key on the Tasks table (the
   next free slot, moved by a conditional write). An executor plans the slots of all its
   batch's tasks of one key in one such write, once it has claimed them: a task's slot is
   its due time, or the first free one after it. A task held past its due time has its
@@ -26,16 +26,27 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
+from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tocsin import aws, clock
 from tocsin.batch_read import BATCH_GET_MAX, batch_read
+from tocsin.observability import logger
 
 KEY_PATTERN = r"^[A-Za-z0-9_.:/@-]{1,64}$"  # a host, a tenant, a customer id
 MAX_RATE = 10_000  # sends a second: a slot is a whole number of microseconds apart
 MAX_PARALLELISM = BATCH_GET_MAX  # a key's leases are read in one BatchGetItem
 LEDGER_DAYS = 2  # an idle key's ledger items are deleted by TTL this long after use
 LEASE_POLL_MS = 50  # between looks for a free lease, while none is
+# How late past its slot a gate may let a send go (a busy CPU), and how much later the
+# network may bring one than another: slots are spaced wider than 1/rate by the two, so
+# that what reaches a receiver in any second stays within the rate.
+SLOT_SLACK_MS = 20
+JITTER_MS = 20
+BLOCK_MS = 100  # the slots an invocation takes at once for its sends (`Pacer`)
+# How long before its send is ready a send asks for its slot: the slots it may take are
+# written by then.
+TURN_AHEAD_MS = 100
 
 
 class Flow(BaseModel):
@@ -62,10 +73,16 @@ def flow_of(item: dict[str, Any]) -> Flow | None:
     return Flow.model_validate_json(item["flow"]) if "flow" in item else None
 
 
+def spacing_us(rate: int) -> int:
+    """How far apart a flow's slots are: 1/rate, widened by SLOT_SLACK_MS and JITTER_MS a
+    second."""
+    return math.ceil(1000 * (1000 + SLOT_SLACK_MS + JITTER_MS) / rate)
+
+
 def slots(dues_ms: list[int], free_us: int, rate: int) -> tuple[list[int], int]:
     """The millisecond each send may go at (each task's due time, in order, or the first
     free slot after it), and the key's next free slot after them (microseconds)."""
-    interval_us = math.ceil(1_000_000 / rate)
+    interval_us = spacing_us(rate)
     planned = []
     for due_ms in dues_ms:
         slot_us = max(due_ms * 1000, free_us)
@@ -86,7 +103,7 @@ class RateLedger:
         self._table = aws.resource("dynamodb").Table(table_name)
         self._refused = self._table.meta.client.exceptions.ConditionalCheckFailedException
 
-    def plan(self, flow: Flow, dues_ms: list[int]) -> list[int]:
+    def plan(self, flow: Flow, dues_ms: list[int], part: str = "rate") -> list[int]:
         """Slots for sends due at `dues_ms` (in order), taken from the key's ledger at
         once: first as if the ledger were free by the first due time, which one write
         settles when it is; else again from the slot it holds, until no other writer
@@ -102,7 +119,7 @@ class RateLedger:
                 condition, values = "free_us = :held", {":held": held_us}
             try:
                 self._table.update_item(
-                    Key=_ledger_key(flow.key, "rate"),
+                    Key=_ledger_key(flow.key, part),
                     UpdateExpression="SET free_us = :free, expires_at = :expires",
                     ConditionExpression=condition,
                     ExpressionAttributeValues={
@@ -117,8 +134,40 @@ class RateLedger:
                 held_us = int(refused.response.get("Item", {}).get("free_us", {}).get("N", 0))
 
 
+class Pacer:
+    """A flow's sends in one invocation, each in a slot of the flow's send ledger: no two
+    sends of the flow, from any invocation, go closer than `spacing_us`, however late any
+    is. The invocation takes its slots a few at a time, as it needs them (BLOCK_MS of
+    them, from when its next send is ready): a late invocation cannot have taken slots
+    long ahead that an invocation on time would send beside. A send its gate lets go
+    later than SLOT_SLACK_MS past its slot takes the next one instead."""
+
+    def __init__(self, ledger: "RateLedger", flow: Flow):
+        assert flow.rate is not None
+        self._ledger, self._flow = ledger, flow
+        self._block = max(1, BLOCK_MS * 1000 // spacing_us(flow.rate))
+        self._slots: list[int] = []  # taken, not yet used, earliest first
+        self._lock = threading.Lock()
+
+    def turn(self, ready_ms: int) -> int:
+        """The millisecond a send ready at `ready_ms` may go: the first slot taken that is
+        neither before it (a send never goes early) nor past (a send in it would be late),
+        or the first of more slots taken now, from TURN_AHEAD_MS on at the soonest (their
+        write is done by then)."""
+        with self._lock:
+            while self._slots and self._slots[0] < max(ready_ms, clock.now_ms()):
+                self._slots.pop(0)
+            if not self._slots:
+                start_ms = max(ready_ms, clock.now_ms() + TURN_AHEAD_MS)
+                self._slots = self._ledger.plan(self._flow, [start_ms] * self._block, "sent")
+            return self._slots.pop(0)
+
+
 class Leases:
-    """One invocation's leases of a key's `parallelism` lease items: sends through them."""
+    """One invocation's leases of a key's `parallelism` lease items: sends through them.
+
+    The items are read and written outside the lock its sends wait on, so that a send
+    ending gives its lease to the next at once, whatever DynamoDB takes to answer."""
 
     def __init__(self, table_name: str, flow: Flow, holder: str, until_ms: int, tasks: int):
         assert flow.parallelism is not None
@@ -130,20 +179,16 @@ class Leases:
         self._held: list[dict[str, str]] = []  # lease items this invocation holds
         self._free = 0  # of those, not in use by a send
         self._left = tasks  # sends still to make
-        self._looked_ms = 0  # when the lease items were last read
+        self._looking = False  # a send reads the items for free ones now
+        self._looked_ms = 0  # when they were last read
         self._changed = threading.Condition()
 
     @contextmanager
     def sending(self, by_ms: int) -> Iterator[int]:
         """Hold a lease for one send: the millisecond one was free, waited for until
         `by_ms` at most (then TimeoutError)."""
-        with self._changed:
-            while not self._free:
-                if clock.now_ms() >= by_ms:
-                    raise TimeoutError(f"no lease of flow {self._flow.key!r} came free")
-                if not self._take():
-                    self._changed.wait(LEASE_POLL_MS / 1000)
-            self._free -= 1
+        while not self._got_one(by_ms):
+            pass
         try:
             yield clock.now_ms()
         finally:
@@ -151,38 +196,65 @@ class Leases:
                 self._free += 1
                 self._changed.notify()
 
+    def _got_one(self, by_ms: int) -> bool:
+        """A free lease taken (True); else a look for more made, or a wait for one."""
+        with self._changed:
+            if self._free:
+                self._free -= 1
+                return True
+            now = clock.now_ms()
+            if now >= by_ms:
+                raise TimeoutError(f"no lease of flow {self._flow.key!r} came free")
+            wanted = self._left - len(self._held)
+            if self._looking or wanted <= 0 or now - self._looked_ms < LEASE_POLL_MS:
+                self._changed.wait(LEASE_POLL_MS / 1000)
+                return False
+            self._looking, self._looked_ms = True, now
+            held = {item["task_id"] for item in self._held}
+        taken: list[dict[str, str]] = []
+        try:
+            taken = self._take(wanted, held)
+        except (BotoCoreError, ClientError) as fault:  # looked at again after a pause
+            logger.warning("flow leases not read", key=self._flow.key, fault=type(fault).__name__)
+        finally:
+            with self._changed:
+                self._looking = False
+                self._held += taken
+                self._free += len(taken)
+                self._changed.notify_all()
+        return False
+
     def done(self) -> None:
         """One send of the key made for good: a lease more than the sends left goes back."""
         with self._changed:
             self._left -= 1
+            surplus = []
             while self._free and len(self._held) > self._left:
-                self._give_back(self._held.pop())
+                surplus.append(self._held.pop())
                 self._free -= 1
+        for key in surplus:
+            self._give_back(key)
 
     def release(self) -> None:
         """Give back every lease (the invocation ends)."""
         with self._changed:
-            while self._held:
-                self._give_back(self._held.pop())
-            self._free = 0
+            held, self._held, self._free = self._held, [], 0
+        for key in held:
+            self._give_back(key)
 
-    def _take(self) -> bool:
-        """Take the leases that are free (or whose holder's time is over), up to the
-        sends left; whether any was taken."""
+    def _take(self, wanted: int, held: set[str]) -> list[dict[str, str]]:
+        """Up to `wanted` of the lease items that are free (or whose holder's time is over),
+        taken for this invocation."""
         now = clock.now_ms()
-        if len(self._held) >= self._left or now - self._looked_ms < LEASE_POLL_MS:
-            return False
-        self._looked_ms = now
-        held = {item["task_id"] for item in self._held}
         leases = {
             lease["task_id"]: lease
             for lease in batch_read(self._dynamodb, self._table.name, self._items)
         }
-        taken = 0
+        taken: list[dict[str, str]] = []
         for key in self._items:
-            if len(self._held) >= self._left:
-                break
             lease = leases.get(key["task_id"], {})
+            if len(taken) == wanted:
+                break
             if key["task_id"] in held or int(lease.get("until_ms", 0)) >= now:
                 continue
             try:
@@ -199,14 +271,12 @@ class Leases:
                 )
             except self._refused:
                 continue
-            self._held.append(key)
-            self._free += 1
-            taken += 1
-        return bool(taken)
+            taken.append(key)
+        return taken
 
     def _give_back(self, key: dict[str, str]) -> None:
         """End this invocation's lease at once (unchecked: it ends with the invocation)."""
-        with suppress(self._refused):
+        with suppress(self._refused, BotoCoreError, ClientError):
             self._table.update_item(
                 Key=key,
                 UpdateExpression="SET until_ms = :over",

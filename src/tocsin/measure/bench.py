@@ -97,13 +97,16 @@ def baseline_input(task: DueTask, config: Any) -> dict[str, Any]:
     return given | {"wake_at": clock.to_iso_second(task.due_ms), "tasks": plain_tasks}
 
 
-def _body(task: PlannedTask, url: str, pad: int = 0) -> dict[str, Any]:
+def _body(
+    task: PlannedTask, url: str, pad: int = 0, flow: dict[str, Any] | None = None
+) -> dict[str, Any]:
     return {
         "id": task.task_id,
         "due_at": clock.to_iso(task.due_ms),
         "type": "webhook",
         "target": {"url": f"{url}/bench"},
         "payload": {"task": task.task_id, **({"pad": "x" * pad} if pad else {})},
+        **({"flow": flow} if flow else {}),
     }
 
 
@@ -118,7 +121,11 @@ def _submit_tocsin(runtime: EmbeddedRuntime, planned: list[PlannedTask], url: st
 
 
 def _store_for_finder(
-    runtime: EmbeddedRuntime, planned: list[PlannedTask], url: str, pad: int = 0
+    runtime: EmbeddedRuntime,
+    planned: list[PlannedTask],
+    url: str,
+    pad: int = 0,
+    flow: dict[str, Any] | None = None,
 ) -> None:
     """Written PENDING ahead of time, as submissions long before their due time leave them:
     the finder finds them within its look-ahead and packs each window's into one batch."""
@@ -126,7 +133,8 @@ def _store_for_finder(
 
     config, now = settings(), clock.now_ms()
     _write_items(
-        placed_long_ago(new_item(_body(task, url, pad), "bench", now, config)) for task in planned
+        placed_long_ago(new_item(_body(task, url, pad, flow), "bench", now, config))
+        for task in planned
     )
 
 
@@ -175,14 +183,23 @@ Plan = Callable[[EmbeddedRuntime, str], tuple[list[PlannedTask], float]]
 
 
 def timed_run(
-    bench: Bench, label: str, plan: Plan, cost: Pricing | None
+    bench: Bench,
+    label: str,
+    plan: Plan,
+    cost: Pricing | None,
+    answer_after_ms: int = 0,
+    observe: Callable[[ReceiverProcess], dict[str, Any]] | None = None,
+    drain_s: float = 0,
 ) -> tuple[dict[str, Any], list[int], list[Any]]:
-    """On a fresh runtime with a receiver: `plan` submits what is to fire (returning the
-    tasks it expects and the seconds it took); then the figures of what arrived, the
-    lateness values and the arrivals."""
+    """On a fresh runtime with a receiver (that answers `answer_after_ms` after each
+    request arrives): `plan` submits what is to fire (returning the tasks it expects and
+    the seconds it took); then the figures of what arrived (with what `observe` reads of
+    the receiver and the runtime's tables once all fired), the lateness values and the
+    arrivals. The tasks may take `drain_s` past the last one's due time (a flow's), and
+    GRACE_S more, to arrive."""
     started = time.monotonic()
     with (
-        ReceiverProcess() as receiver,
+        ReceiverProcess(answer_after_ms=answer_after_ms) as receiver,
         bench.runtime(
             {"LookAheadSeconds": str(LOOKAHEAD_S), **allowing(receiver.url)},
             finder_interval_s=FINDER_INTERVAL_S,
@@ -193,7 +210,8 @@ def timed_run(
         usage_before, planning = Counter(runtime.usage), time.monotonic()
         planned, submit_s = plan(runtime, receiver.url)
         bar = bench.progress.add_task(label, total=len(planned))
-        deadline = time.monotonic() + (planned[-1].due_ms - clock.now_ms()) / 1000 + GRACE_S
+        due_s = (planned[-1].due_ms - clock.now_ms()) / 1000
+        deadline = time.monotonic() + due_s + drain_s + GRACE_S
         while time.monotonic() < deadline:
             fired = receiver.tasks_arrived()
             bench.progress.update(bar, completed=fired)
@@ -214,6 +232,7 @@ def timed_run(
             executions=len(executions),
             transitions_per_task=round(steps / len(planned), 3),
             submit_s=round(submit_s, 1),
+            **(observe(receiver) if observe else {}),
         )
         if cost and idle:
             used = Used(
@@ -341,6 +360,90 @@ def recurring(bench: Bench) -> dict[str, Any]:
     arrived = {a.task_id for a in arrivals}  # the planned ones arrived are `fired`
     figures.update(schedules=count, unexpected=len(arrived) - figures["fired"])
     return {**figures, "samples": {"tocsin": lateness}}
+
+
+FLOW_ANSWER_MS = 10  # the receiver's answer time: at 500 a second, 5 in flight on average
+# How many times its ideal a flow's drain may take before what has not arrived is lost: on
+# two cores the embedded runtime sends about 100 tasks a second, a fifth of the rate.
+FLOW_DRAIN_ALLOWANCE = 10
+
+
+def flow(bench: Bench) -> dict[str, Any]:
+    """5,000 tasks due within one second at one receiver, their flow at most 500 a second
+    and 10 in flight (a smaller scale scales the rate with the tasks: the ideal drain stays
+    10 s): written ahead for the finder, which packs them into batches whose invocations
+    share the flow's ledger and leases. What the receiver saw (the most in flight at once,
+    the most in any second), the drain against its ideal (tasks / rate), and how long flow
+    control held each task."""
+    tasks = bench.size(5000)
+    limits = {"key": "bench-receiver", "rate": max(1, round(500 * tasks / 5000)), "parallelism": 10}
+
+    def plan(runtime: EmbeddedRuntime, url: str) -> tuple[list[PlannedTask], float]:
+        start = clock.now_ms() + int((LOOKAHEAD_S + 2 * FINDER_INTERVAL_S) * 1000)
+        start += 1000 - start % 1000
+        planned = [
+            PlannedTask(f"flow-{i:05d}", due)
+            for i, due in enumerate(sorted(start + bench.rng.randrange(1000) for _ in range(tasks)))
+        ]
+        submitting = time.monotonic()
+        _store_for_finder(runtime, planned, url, flow=limits)
+        return planned, time.monotonic() - submitting
+
+    def observe(receiver: ReceiverProcess) -> dict[str, Any]:
+        table = aws.resource("dynamodb").Table(settings().tasks_table)
+        held = sorted(int(item["held_ms"]) for item in _scanned(table, "held_ms"))
+        return {
+            "max_in_flight": receiver.most_in_flight(),
+            "held_ms": {q: percentile(held, n) for q, n in (("p50", 50), ("p99", 99))}
+            | {"max": max(held, default=0)},
+        }
+
+    ideal_s = tasks / limits["rate"]
+    figures, lateness, arrivals = timed_run(
+        bench,
+        "flow",
+        plan,
+        bench.cost,
+        answer_after_ms=FLOW_ANSWER_MS,
+        observe=observe,
+        drain_s=FLOW_DRAIN_ALLOWANCE * ideal_s,
+    )
+    ours = sorted(a.arrival_ms for a in arrivals if a.task_id.startswith("flow-"))
+    most = most_within(ours, 1000)
+    figures.update(
+        max_per_second=most,
+        over_rate=max(0, most - limits["rate"]),
+        over_parallelism=max(0, figures["max_in_flight"] - limits["parallelism"]),
+        drain_s=round((ours[-1] - ours[0]) / 1000 if ours else 0.0, 2),
+        ideal_drain_s=round(ideal_s, 2),
+        flow=limits,
+    )
+    return {**figures, "samples": {"tocsin": lateness}}
+
+
+def most_within(moments_ms: list[int], span_ms: int) -> int:
+    """The most of the sorted `moments_ms` within any `span_ms` (a window from each on)."""
+    most, start = 0, 0
+    for end, moment in enumerate(moments_ms):
+        while moment - moments_ms[start] >= span_ms:
+            start += 1
+        most = max(most, end - start + 1)
+    return most
+
+
+def _scanned(table: Any, attribute: str) -> Iterator[dict[str, Any]]:
+    """Every item of `table` that holds `attribute`, that attribute only."""
+    query: dict[str, Any] = {
+        "ProjectionExpression": "#a",
+        "FilterExpression": "attribute_exists(#a)",
+        "ExpressionAttributeNames": {"#a": attribute},
+    }
+    while True:
+        page = table.scan(**query)
+        yield from page.get("Items", [])
+        if "LastEvaluatedKey" not in page:
+            return
+        query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
 
 # -- the finder: reads and pacing --------------------------------------------------------
@@ -612,6 +715,7 @@ SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "dense": dense,
     "burst": burst,
     "recurring": recurring,
+    "flow": flow,
     "finder-scale": finder_scale,
     "throttled": throttled,
     "cold-start": cold_start,
@@ -635,6 +739,7 @@ TIMED = (
     "dense-10k",
     "burst",
     "recurring",
+    "flow",
     "burst-1000",
     "burst-5000",
 )
@@ -668,6 +773,7 @@ def run(
 MUST_BE_ZERO = {
     **{name: ("early", "duplicates", "lost") for name in TIMED},
     "recurring": ("early", "duplicates", "lost", "unexpected"),
+    "flow": ("early", "duplicates", "lost", "over_rate", "over_parallelism"),
     "finder-scale": ("started_not_due", "due_not_started"),
     "throttled": ("not_started", "started_after_wake"),
     "aws-burst": ("not_started",),
@@ -734,6 +840,8 @@ def print_report(results: dict[str, Any], console: Any) -> None:
                 f"{name}: {compared}the embedded runtime's capacity is about {capacity:.0f} "
                 "tasks per CPU-second (its two processes together)"
             )
+    if "flow" in results:
+        _print_flow(results["flow"], console)
     for name in ("finder-scale", "throttled", "aws-burst", "console"):
         if name in results:
             table = Table("measure", "value", title=name)
@@ -755,6 +863,23 @@ def print_report(results: dict[str, Any], console: Any) -> None:
             "EventBridge Scheduler (60 s precision)", "", f"{cost['scheduler_usd_per_million']:.2f}"
         )
         console.print(table)
+
+
+def _print_flow(figures: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    limits = figures["flow"]
+    table = Table("measure", "value", "limit or ideal", title="flow: what the receiver saw")
+    table.add_row(
+        "most in flight at once", str(figures["max_in_flight"]), str(limits["parallelism"])
+    )
+    table.add_row("most in any second", str(figures["max_per_second"]), str(limits["rate"]))
+    table.add_row(
+        "drain s (first to last arrival)", str(figures["drain_s"]), str(figures["ideal_drain_s"])
+    )
+    for q in ("p50", "p99", "max"):
+        table.add_row(f"held ms {q}", str(figures["held_ms"][q]), "")
+    console.print(table)
 
 
 def _print_lambda(figures: dict[str, Any], console: Any) -> None:

@@ -1,6 +1,7 @@
 """A webhook receiver on 127.0.0.1: the stopwatch at the far end, where lateness is measured."""
 
 import json
+import os
 import ssl
 import subprocess
 import sys
@@ -38,6 +39,7 @@ def allowing(url: str) -> dict[str, str]:
 
 
 ARRIVALS_PATH = "/_arrivals"
+ANSWER_AFTER_MS = "TOCSIN_RECEIVER_ANSWER_AFTER_MS"  # how a ReceiverProcess is told
 
 
 class WebhookReceiver:
@@ -153,6 +155,8 @@ class WebhookReceiver:
                     ]
                 elif self.path == f"{ARRIVALS_PATH}/tasks":
                     listed = len({a.task_id for a in arrivals})
+                elif self.path == f"{ARRIVALS_PATH}/most_in_flight":
+                    listed = receiver.most_in_flight
                 else:
                     self.send_error(404)
                     return
@@ -169,16 +173,18 @@ class WebhookReceiver:
 
 
 class ReceiverProcess:
-    """A WebhookReceiver in a process of its own, answering 200 to every POST; over HTTPS
-    with `tls` (the certificate of `tocsin.local.tls.authority()`).
+    """A WebhookReceiver in a process of its own, answering 200 to every POST,
+    `answer_after_ms` after it arrived; over HTTPS with `tls` (the certificate of
+    `tocsin.local.tls.authority()`).
 
     On AWS the receiver is another machine; here, in the scheduler's process, it would
     share its interpreter lock, and a busy scheduler would delay the stopwatch as well.
     """
 
-    def __init__(self, tls: bool = False):
+    def __init__(self, tls: bool = False, answer_after_ms: int = 0):
         self._context: ssl.SSLContext | None = None
         self._files: list[str] = []
+        self._answer_after_ms = answer_after_ms
         if tls:
             from tocsin.local.tls import authority
 
@@ -188,8 +194,9 @@ class ReceiverProcess:
 
     def __enter__(self) -> "ReceiverProcess":
         command = [sys.executable, "-m", "tocsin.measure.receiver", *self._files]
+        environment = {**os.environ, ANSWER_AFTER_MS: str(self._answer_after_ms)}
         self._process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=environment
         )
         assert self._process.stdout is not None
         self.url = self._process.stdout.readline().strip()
@@ -208,6 +215,10 @@ class ReceiverProcess:
         """How many tasks arrived at least once: cheap enough to poll for progress."""
         return int(self._get(f"{ARRIVALS_PATH}/tasks"))
 
+    def most_in_flight(self) -> int:
+        """The most requests it held at once, arrived and not yet answered."""
+        return int(self._get(f"{ARRIVALS_PATH}/most_in_flight"))
+
     def _get(self, path: str) -> Any:
         with urllib.request.urlopen(self.url + path, timeout=30, context=self._context) as reply:
             return json.load(reply)
@@ -217,5 +228,6 @@ if __name__ == "__main__":  # arguments: a certificate chain and its key, for HT
     from tocsin.local.tls import server_context
 
     with WebhookReceiver(tls=server_context(*sys.argv[1:3]) if sys.argv[1:] else None) as serving:
+        serving.answer_after_s = int(os.environ.get(ANSWER_AFTER_MS, "0")) / 1000
         print(serving.url, flush=True)
         sys.stdin.read()
