@@ -1,16 +1,20 @@
 """Flow control: a task that names a `flow` shares its key's limits with every other task
 of that key, across every executor invocation at once.
 
-* `rate`: at most that many sends a second. Each send of a key gets a slot at least
-  `spacing_us` after the key's previous one, in a ledger item per key on the Tasks table (the
-  next free slot, moved by a conditional write). An executor plans the slots of all its
-  batch's tasks of one key in one such write, once it has claimed them: a task's slot is
-  its due time, or the first free one after it. A task held past its due time has its
-  slot written on it (`planned_ms`), so the API shows when it will fire, and a retry of
-  its invocation keeps the slot rather than taking another. A slot the invocation cannot
-  reach in its time goes to an execution of its own that wakes for it
-  (`tocsin.executor`). A slot planned and never used (its invocation failed before
-  writing it) is a gap, never a burst.
+* `rate`: at most that many sends in any second. A key has two ledger items on the Tasks
+  table, each a next free slot moved by a conditional write, slots `spacing_us` apart:
+  - the plan: an executor plans all its batch's tasks of one key in one write once it has
+    claimed them, each at its due time or the first free slot after it. A task so held
+    past its due time has its slot written on it (`planned_ms`): the API shows when it
+    will fire, a retry of its invocation keeps it, and a slot later than the invocation
+    can wait for goes to an execution of its own that wakes for it (`tocsin.executor`);
+  - the sends: just before its gate, each send takes a slot of the key's sends, no
+    earlier than its planned one (`Pacer`: a block of BLOCK_MS of them at a time, each
+    invocation its own), and goes in it. One that its gate lets go later than
+    SLOT_SLACK_MS past its slot (a lease came late, the CPU was busy) takes the next:
+    late sends never bunch up, and what reaches a receiver in any second stays within
+    the rate, whichever invocations send. A slot taken and not used is a gap, never a
+    burst.
 * `parallelism`: at most that many sends in flight at once. Each key has that many lease
   items; an invocation takes as many as it has tasks of the key to send, sends through
   them, and gives each back once it has fewer tasks left than leases. A lease ends with

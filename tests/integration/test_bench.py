@@ -197,6 +197,18 @@ def test_recurring_fires_every_occurrence_of_every_schedule_once(capsys):
     assert recurring["executions"] < recurring["submitted"]  # one a second at most, packed
 
 
+def test_flow_keeps_a_burst_within_its_rate_and_parallelism_at_the_receiver(capsys):
+    """100 tasks due in one second at a flow of 10 a second and 10 in flight: all arrive
+    once, none early, never more than the limits, drained about as fast as the rate lets."""
+    assert main(["bench", "--scenarios", "flow", "--scale", "0.02", "--json"]) == 0
+    flow = last_json(capsys.readouterr().out)["flow"]
+    assert flow["flow"] == {"key": "bench-receiver", "rate": 10, "parallelism": 10}
+    assert (flow["fired"], flow["duplicates"], flow["early"], flow["lost"]) == (100, 0, 0, 0)
+    assert flow["max_per_second"] <= 10 and flow["max_in_flight"] <= 10
+    assert flow["ideal_drain_s"] == 10.0 and flow["drain_s"] >= 0.9 * flow["ideal_drain_s"]
+    assert 0 < flow["held_ms"]["p50"] <= flow["held_ms"]["max"]
+
+
 def test_bench_refuses_costs_it_cannot_meter(capsys):
     """Write units are metered by the moto tables only: --cost on DynamoDB Local is refused
     before anything runs."""

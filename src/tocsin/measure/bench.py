@@ -379,7 +379,7 @@ def flow(bench: Bench) -> dict[str, Any]:
     limits = {"key": "bench-receiver", "rate": max(1, round(500 * tasks / 5000)), "parallelism": 10}
 
     def plan(runtime: EmbeddedRuntime, url: str) -> tuple[list[PlannedTask], float]:
-        start = clock.now_ms() + int((LOOKAHEAD_S + 2 * FINDER_INTERVAL_S) * 1000)
+        start = clock.now_ms() + START_DELAY_MS + SUBMIT_ALLOWANCE_MS["tocsin-stored"] * tasks
         start += 1000 - start % 1000
         planned = [
             PlannedTask(f"flow-{i:05d}", due)
