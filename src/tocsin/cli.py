@@ -231,6 +231,7 @@ def _submit_call(client: Any, args: argparse.Namespace) -> Any:
         max_attempts=args.max_attempts,
         on_success=args.on_success,
         on_failure=args.on_failure,
+        flow=args.flow,
         **args.at,
     )
 
@@ -276,6 +277,12 @@ def _add_task_commands(commands: Any) -> None:
             type=json_argument,
             help=f'told the outcome on {outcome}, JSON: {{"type": "webhook", "target": {{...}}}}',
         )
+    submit.add_argument(
+        "--flow",
+        type=json_argument,
+        help='limits shared with the key\'s tasks, JSON: {"key": "api.example.com", "rate": 50, '
+        '"parallelism": 5}',
+    )
     submit.set_defaults(run=_api_command, call=_submit_call)
 
     get = commands.add_parser("get", parents=[common], help="show a task")

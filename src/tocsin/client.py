@@ -49,6 +49,7 @@ class TaskSummary(ApiTaskSummary):
     created_at: datetime
     updated_at: datetime | None = None
     fired_at: datetime | None = None
+    planned_at: datetime | None = None
 
 
 class Task(TaskSummary, TaskView):
@@ -196,13 +197,19 @@ class Client:
         max_attempts: int | None = None,
         on_success: dict[str, Any] | None = None,
         on_failure: dict[str, Any] | None = None,
+        flow: dict[str, Any] | None = None,
     ) -> Task:
         """Schedule a task; without `id` one is made here, so a retried call cannot double it.
         `on_success` and `on_failure` ({"type", "target"}) are told the outcome once it ends
-        so."""
+        so; `flow` ({"key", "rate", "parallelism"}) shares its limits with the key's tasks."""
         body: dict[str, Any] = {"id": id or uuid.uuid4().hex, "type": type, "target": target}
         body |= {"payload": payload, **_timing(due_at, delay)}
-        given = {"max_attempts": max_attempts, "on_success": on_success, "on_failure": on_failure}
+        given = {
+            "max_attempts": max_attempts,
+            "on_success": on_success,
+            "on_failure": on_failure,
+            "flow": flow,
+        }
         body |= {name: value for name, value in given.items() if value is not None}
         return Task.model_validate(self._call("POST", "/tasks", body))
 

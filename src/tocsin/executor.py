@@ -53,7 +53,15 @@ from tocsin.dispatch import (
     machine_of,
 )
 from tocsin.errors import Busy, PermanentTargetError, TransientTargetError
-from tocsin.flow import SLOT_SLACK_MS, TURN_AHEAD_MS, Flow, Leases, Pacer, RateLedger, flow_of
+from tocsin.flow import (
+    SLOT_SLACK_MS,
+    TICKET_AHEAD_MS,
+    Flow,
+    Leases,
+    NoLeaseInTime,
+    RateLedger,
+    flow_of,
+)
 from tocsin.index_keys import LOOK_AFTER_MS, check_keys, owed_letter_keys
 from tocsin.model import (
     BATCH_ENTRIES,
@@ -88,6 +96,24 @@ class DeliveryInProgress(Exception):
     """Another invocation is delivering a task of this batch: retry after it has ended."""
 
 
+class HandOn(Exception):
+    """A task of a flow cannot be sent in this invocation's time (its slot is past it, or
+    no lease of its flow came free): it goes on, PENDING, to an execution that wakes at
+    `planned_ms`."""
+
+    def __init__(self, planned_ms: int):
+        super().__init__(planned_ms)
+        self.planned_ms = planned_ms
+
+
+@dataclass(frozen=True)
+class HandedOn:
+    """A task this invocation handed on (`HandOn`); `given` once its item says so."""
+
+    planned_ms: int
+    given: bool
+
+
 class NoTimeToSend(Exception):
     """A task of the batch was never tried and this invocation has no time left for one
     attempt (a failed init took its time, say): a fresh invocation tries it."""
@@ -120,7 +146,7 @@ class ClaimedTask:
     flow: Flow | None = None  # the limits it shares with its key's tasks (tocsin.flow)
     planned_ms: int = 0  # its flow's slot, when later than its due time
     leases: Leases | None = None  # its flow's leases in this invocation, if it limits those
-    pacer: Pacer | None = None  # its flow's sends in this invocation, if it has a rate
+    ledger: RateLedger | None = None  # where its flow's sends take their slots, if a rate
 
     @property
     def fires_ms(self) -> int:
@@ -163,8 +189,8 @@ def _deliver(tasks: list[ClaimedTask], lease_by_ms: int) -> tuple[int, int, list
     first = tasks[0]
     try:
         call = _targets_own(_call, tasks)  # before the gate: after it only the request is left
-        with _flow_turn(first, lease_by_ms) as (ready_ms, fired_ms):
-            return fired_ms, ready_ms - first.due_ms, _targets_own(call)
+        with _flow_turn(first, lease_by_ms) as (fired_ms, held_ms):
+            return fired_ms, held_ms, _targets_own(call)
     except (PermanentTargetError, TransientTargetError) as error:  # for the whole call
         return clock.now_ms(), 0, [error] * len(tasks)
 
@@ -179,24 +205,31 @@ LEASE_AHEAD_MS = 100
 def _flow_turn(task: ClaimedTask, lease_by_ms: int) -> Iterator[tuple[int, int]]:
     """Sleep until the task may be sent, and hold what its flow needs for the send: its
     planned slot (its due time without a flow), a lease of its flow if it limits sends in
-    flight (waited for until `lease_by_ms`, then TimeoutError), and a slot of its flow's
-    sends if it has a rate (`Pacer`; a gate late for it tries the next). The moment it was
-    free to go, and the millisecond its gate let go."""
+    flight, and a slot of its flow's sends if it has a rate (`RateLedger.ticket`); a lease
+    not had by `lease_by_ms`, or a slot past it, hands the task on (`HandOn`), for a send
+    then could not end in this invocation's time. A gate late for its slot takes one more,
+    a moment ahead (the write done by then), and goes in that one however late: on a CPU
+    so busy that gates miss their slots again and again, taking a slot for each miss would
+    move the flow's slots ahead faster than its sends, and no send would go. The
+    millisecond its gate let go, and how long its flow held it: from its due time (or now,
+    if later: an invocation that comes late is not its flow's doing) to its slot or lease."""
+    came_ms = max(task.due_ms, clock.now_ms())
     with _leased(task, task.fires_ms, lease_by_ms) as free_ms:
         ready_ms = max(task.fires_ms, free_ms)
-        if task.pacer is None:
-            yield ready_ms, gate.wait_until(ready_ms)
+        if task.ledger is None:
+            yield gate.wait_until(ready_ms), max(0, ready_ms - came_ms)
             return
-        gate.wait_until(ready_ms - TURN_AHEAD_MS)
-        while True:
-            slot_ms = task.pacer.turn(ready_ms)
+        gate.wait_until(ready_ms - TICKET_AHEAD_MS)
+        for last_try in (False, True):
+            ready_ms = max(ready_ms, clock.now_ms())  # a slot already past is of no use
+            slot_ms = task.ledger.ticket(task.flow, ready_ms)  # type: ignore[arg-type]
             if slot_ms > lease_by_ms:  # a send then could not end in this invocation's time
-                raise NoTimeToSend(task.task_id)
+                raise HandOn(slot_ms)
             fired_ms = gate.wait_until(slot_ms)
-            if fired_ms <= slot_ms + SLOT_SLACK_MS:
-                yield slot_ms, fired_ms
+            if fired_ms <= slot_ms + SLOT_SLACK_MS or last_try:
+                yield fired_ms, max(0, slot_ms - came_ms)
                 return
-            ready_ms = fired_ms
+            ready_ms = fired_ms + TICKET_AHEAD_MS
 
 
 @contextmanager
@@ -207,8 +240,11 @@ def _leased(task: ClaimedTask, slot_ms: int, by_ms: int) -> Iterator[int]:
         yield 0
         return
     gate.wait_until(slot_ms - LEASE_AHEAD_MS)
-    with task.leases.sending(by_ms) as free_ms:
-        yield free_ms
+    try:
+        with task.leases.sending(by_ms) as free_ms:
+            yield free_ms
+    except NoLeaseInTime:
+        raise HandOn(clock.now_ms()) from None
 
 
 def _call(tasks: list[ClaimedTask]) -> Callable[[], list[Answer]]:
@@ -530,22 +566,20 @@ def _write_slots(
 
 def _with_limits(table: str, held: list[Held], holder: Holder) -> list[Held]:
     """The tasks, each of a flow given what keeps its flow's limits in this invocation:
-    its leases (one `Leases` a flow with a parallelism, for as many sends as it has tasks
-    here) and its pacer (one `Pacer` a flow with a rate: its slots of the flow's sends)."""
-    counts = Counter(
+    its leases (one `Leases` a flow with a parallelism), and the ledger its sends take
+    their slots on, if it has a rate."""
+    flows = {
         each.task.flow
         for each in held
         if isinstance(each.task, ClaimedTask) and each.task.flow is not None
-    )
+    }
     until_ms, ledger = holder.lease_until_ms, RateLedger(table)
     limits = {
         flow: {
-            "leases": Leases(table, flow, holder.attempt, until_ms, count)
-            if flow.parallelism
-            else None,
-            "pacer": Pacer(ledger, flow) if flow.rate else None,
+            "leases": Leases(table, flow, holder.attempt, until_ms) if flow.parallelism else None,
+            "ledger": ledger if flow.rate else None,
         }
-        for flow, count in counts.items()
+        for flow in flows
     }
     return [
         replace(each, task=replace(each.task, **limits[each.task.flow]))  # type: ignore[arg-type]
@@ -656,7 +690,7 @@ def execute(
     )
     held, handed_on = plan_flows(store, held, holder, deadline_ms)
 
-    def run(call: list[Held]) -> list[Recorded | Exception]:
+    def run(call: list[Held]) -> list[Recorded | Exception | HandedOn]:
         """Fire a call's tasks (but one that failed already, or that the sent log shows an
         earlier invocation sent) and record each task's outcome."""
         outcomes: dict[int, Fired | Failed] = {}
@@ -669,11 +703,21 @@ def execute(
                 outcomes[i] = sent
         to_fire = [i for i in range(len(call)) if i not in outcomes]
         if to_fire:
-            fired = fire([call[i].task for i in to_fire], deadline_ms)  # type: ignore[misc]
+            try:
+                fired = fire([call[i].task for i in to_fire], deadline_ms)  # type: ignore[misc]
+            except HandOn as past:  # a flow's task: alone in its call
+                [each] = call
+                slot = past.planned_ms
+                keys = check_keys(each.asked.task_id, slot + LOOK_AFTER_MS, config)
+                given = written(
+                    each.asked.task_id,
+                    ends_ms - MARK_MARGIN_MS,
+                    lambda: store.hand_on(
+                        each.asked.task_id, each.asked.version, holder.attempt, slot, keys
+                    ),
+                )
+                return [HandedOn(slot, given)]
             outcomes.update(zip(to_fire, fired, strict=True))
-        for each in call:  # sent, or never to be: a lease its flow holds for it may go back
-            if isinstance(each.task, ClaimedTask) and each.task.leases:
-                each.task.leases.done()
         return [record(each, outcomes[i]) for i, each in enumerate(call)]
 
     def record(each: Held, outcome: Fired | Failed) -> Recorded | Exception:
@@ -706,7 +750,7 @@ def execute(
 
 def _send_all(
     held: list[Held],
-    run: Callable[[list[Held]], list[Recorded | Exception]],
+    run: Callable[[list[Held]], list[Recorded | Exception | HandedOn]],
     store: TaskStore,
     holder: Holder,
     batch: BatchEvent,
@@ -726,9 +770,18 @@ def _send_all(
         for flow_leases in leases:
             flow_leases.release()  # type: ignore[union-attr]
     done: list[tuple[Held, Recorded | BaseException]] = []
+    onward: list[Held] = []  # handed on, for want of time (`HandOn`)
     for call, future in zip(calls, futures, strict=True):
         error = future.exception()  # before any send: the whole call failed
-        done += zip(call, [error] * len(call) if error else future.result(), strict=True)
+        results = [error] * len(call) if error else future.result()
+        for each, result in zip(call, results, strict=True):
+            if not isinstance(result, HandedOn):
+                done.append((each, result))
+            elif result.given:
+                onward.append(replace(each, task=replace(each.task, planned_ms=result.planned_ms)))  # type: ignore[type-var]
+    if onward:
+        counts["handed_on"] += len(onward)
+        _hand_on(onward, batch, ends_ms - MARK_MARGIN_MS)
     failed = [(each, result) for each, result in done if isinstance(result, BaseException)]
     if failed:  # the others are done; the retry takes these over at once
         _let_go(store, holder, [each.asked for each, _ in failed])

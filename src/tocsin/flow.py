@@ -9,16 +9,17 @@ of that key, across every executor invocation at once.
     will fire, a retry of its invocation keeps it, and a slot later than the invocation
     can wait for goes to an execution of its own that wakes for it (`tocsin.executor`);
   - the sends: just before its gate, each send takes a slot of the key's sends, no
-    earlier than its planned one (`Pacer`: a block of BLOCK_MS of them at a time, each
-    invocation its own), and goes in it. One that its gate lets go later than
-    SLOT_SLACK_MS past its slot (a lease came late, the CPU was busy) takes the next:
-    late sends never bunch up, and what reaches a receiver in any second stays within
-    the rate, whichever invocations send. A slot taken and not used is a gap, never a
-    burst.
+    earlier than its planned one (`RateLedger.ticket`: one write a send), and goes in it.
+    One that its gate lets go later than SLOT_SLACK_MS past its slot (the CPU was busy)
+    takes one more (`tocsin.executor`): late sends do not bunch up, and what reaches a
+    receiver in any second stays within the rate, whichever invocations send. A slot
+    taken and not used is a gap, never a burst. A slot is taken when a send is ready (its
+    lease held, if it needs one), not long before, so an executor that falls behind takes
+    none that others could use.
 * `parallelism`: at most that many sends in flight at once. Each key has that many lease
-  items; an invocation takes as many as it has tasks of the key to send, sends through
-  them, and gives each back once it has fewer tasks left than leases. A lease ends with
-  its invocation, so one that dies holds none past its time.
+  items; a send takes one (its invocation's, if one is free there) and its invocation
+  hands it to its next send waiting for one, or gives it back at once (`Leases`). A
+  lease ends with its invocation, so one that dies holds none past its time.
 
 A task that names no flow reads and writes none of this.
 """
@@ -38,19 +39,20 @@ from tocsin.batch_read import BATCH_GET_MAX, batch_read
 from tocsin.observability import logger
 
 KEY_PATTERN = r"^[A-Za-z0-9_.:/@-]{1,64}$"  # a host, a tenant, a customer id
-MAX_RATE = 10_000  # sends a second: a slot is a whole number of microseconds apart
+# Sends a second: each send writes its key's sends item, and DynamoDB takes about 1,000
+# writes a second on one item.
+MAX_RATE = 1000
 MAX_PARALLELISM = BATCH_GET_MAX  # a key's leases are read in one BatchGetItem
 LEDGER_DAYS = 2  # an idle key's ledger items are deleted by TTL this long after use
-LEASE_POLL_MS = 50  # between looks for a free lease, while none is
+LEASE_POLL_MS = 50  # between looks for a free lease, while none is: doubling up to
+LEASE_POLL_MAX_MS = 400
 # How late past its slot a gate may let a send go (a busy CPU), and how much later the
 # network may bring one than another: slots are spaced wider than 1/rate by the two, so
 # that what reaches a receiver in any second stays within the rate.
 SLOT_SLACK_MS = 20
 JITTER_MS = 20
-BLOCK_MS = 100  # the slots an invocation takes at once for its sends (`Pacer`)
-# How long before its send is ready a send asks for its slot: the slots it may take are
-# written by then.
-TURN_AHEAD_MS = 100
+# How long before its send is ready a send takes its slot: the write is done by then.
+TICKET_AHEAD_MS = 100
 
 
 class Flow(BaseModel):
@@ -107,7 +109,7 @@ class RateLedger:
         self._table = aws.resource("dynamodb").Table(table_name)
         self._refused = self._table.meta.client.exceptions.ConditionalCheckFailedException
 
-    def plan(self, flow: Flow, dues_ms: list[int], part: str = "rate") -> list[int]:
+    def plan(self, flow: Flow, dues_ms: list[int]) -> list[int]:
         """Slots for sends due at `dues_ms` (in order), taken from the key's ledger at
         once: first as if the ledger were free by the first due time, which one write
         settles when it is; else again from the slot it holds, until no other writer
@@ -123,7 +125,7 @@ class RateLedger:
                 condition, values = "free_us = :held", {":held": held_us}
             try:
                 self._table.update_item(
-                    Key=_ledger_key(flow.key, part),
+                    Key=_ledger_key(flow.key, "rate"),
                     UpdateExpression="SET free_us = :free, expires_at = :expires",
                     ConditionExpression=condition,
                     ExpressionAttributeValues={
@@ -137,43 +139,54 @@ class RateLedger:
             except self._refused as refused:
                 held_us = int(refused.response.get("Item", {}).get("free_us", {}).get("N", 0))
 
-
-class Pacer:
-    """A flow's sends in one invocation, each in a slot of the flow's send ledger: no two
-    sends of the flow, from any invocation, go closer than `spacing_us`, however late any
-    is. The invocation takes its slots a few at a time, as it needs them (BLOCK_MS of
-    them, from when its next send is ready): a late invocation cannot have taken slots
-    long ahead that an invocation on time would send beside. A send its gate lets go
-    later than SLOT_SLACK_MS past its slot takes the next one instead."""
-
-    def __init__(self, ledger: "RateLedger", flow: Flow):
+    def ticket(self, flow: Flow, ready_ms: int) -> int:
+        """A slot of the key's sends for one send ready at `ready_ms`: the next after the
+        last one taken (one atomic add, which no other writer makes fail), or `ready_ms`
+        itself when the key's sends are behind it (the one taken then is left unused,
+        and the key's next slot moved on, conditionally). The millisecond it starts."""
         assert flow.rate is not None
-        self._ledger, self._flow = ledger, flow
-        self._block = max(1, BLOCK_MS * 1000 // spacing_us(flow.rate))
-        self._slots: list[int] = []  # taken, not yet used, earliest first
-        self._lock = threading.Lock()
+        spacing, ready_us = spacing_us(flow.rate), ready_ms * 1000
+        key = _ledger_key(flow.key, "sent")
+        while True:
+            added = self._table.update_item(
+                Key=key,
+                UpdateExpression="ADD next_us :spacing SET expires_at = :expires",
+                ExpressionAttributeValues={
+                    ":spacing": spacing,
+                    ":expires": ready_us // 1_000_000 + LEDGER_DAYS * 86_400,
+                },
+                ReturnValues="UPDATED_NEW",
+            )
+            slot_us = int(added["Attributes"]["next_us"]) - spacing
+            if slot_us >= ready_us:
+                return -(-slot_us // 1000)
+            try:
+                self._table.update_item(
+                    Key=key,
+                    UpdateExpression="SET next_us = :next",
+                    ConditionExpression="next_us <= :ready",
+                    ExpressionAttributeValues={":next": ready_us + spacing, ":ready": ready_us},
+                )
+                return ready_ms
+            except self._refused:  # another send took slots meanwhile: the next of them
+                continue
 
-    def turn(self, ready_ms: int) -> int:
-        """The millisecond a send ready at `ready_ms` may go: the first slot taken that is
-        neither before it (a send never goes early) nor past (a send in it would be late),
-        or the first of more slots taken now, from TURN_AHEAD_MS on at the soonest (their
-        write is done by then)."""
-        with self._lock:
-            while self._slots and self._slots[0] < max(ready_ms, clock.now_ms()):
-                self._slots.pop(0)
-            if not self._slots:
-                start_ms = max(ready_ms, clock.now_ms() + TURN_AHEAD_MS)
-                self._slots = self._ledger.plan(self._flow, [start_ms] * self._block, "sent")
-            return self._slots.pop(0)
+
+class NoLeaseInTime(Exception):
+    """No lease of the flow came free by the time a send had to have one."""
 
 
 class Leases:
     """One invocation's leases of a key's `parallelism` lease items: sends through them.
 
-    The items are read and written outside the lock its sends wait on, so that a send
-    ending gives its lease to the next at once, whatever DynamoDB takes to answer."""
+    A send takes a lease the invocation holds and no other send uses, else waits while
+    one send at a time reads the items and takes the free ones (as many as sends wait).
+    A send done hands its lease to a send of the invocation that waits for one, else gives
+    it back at once: an invocation holds no lease it is not sending through, so however
+    many invocations share a key, each sends as its sends come. The items are read and
+    written outside the lock the sends wait on."""
 
-    def __init__(self, table_name: str, flow: Flow, holder: str, until_ms: int, tasks: int):
+    def __init__(self, table_name: str, flow: Flow, holder: str, until_ms: int):
         assert flow.parallelism is not None
         self._dynamodb = aws.resource("dynamodb")
         self._table = self._dynamodb.Table(table_name)
@@ -182,23 +195,38 @@ class Leases:
         self._items = [_ledger_key(flow.key, f"lease{i}") for i in range(flow.parallelism)]
         self._held: list[dict[str, str]] = []  # lease items this invocation holds
         self._free = 0  # of those, not in use by a send
-        self._left = tasks  # sends still to make
+        self._waiting = 0  # sends waiting for a lease
         self._looking = False  # a send reads the items for free ones now
-        self._looked_ms = 0  # when they were last read
+        self._next_look_ms = 0  # when they may be read again
+        self._pause_ms = LEASE_POLL_MS  # between looks that found none, doubling to a cap
         self._changed = threading.Condition()
 
     @contextmanager
     def sending(self, by_ms: int) -> Iterator[int]:
         """Hold a lease for one send: the millisecond one was free, waited for until
-        `by_ms` at most (then TimeoutError)."""
-        while not self._got_one(by_ms):
-            pass
+        `by_ms` at most (then NoLeaseInTime)."""
+        with self._changed:
+            self._waiting += 1
+        try:
+            while not self._got_one(by_ms):
+                pass
+        finally:
+            with self._changed:
+                self._waiting -= 1
         try:
             yield clock.now_ms()
         finally:
-            with self._changed:
+            self._done_with_one()
+
+    def _done_with_one(self) -> None:
+        """A send's lease to a send that waits for one, else back to the table."""
+        with self._changed:
+            if self._waiting:
                 self._free += 1
                 self._changed.notify()
+                return
+            key = self._held.pop()
+        self._give_back(key)
 
     def _got_one(self, by_ms: int) -> bool:
         """A free lease taken (True); else a look for more made, or a wait for one."""
@@ -208,12 +236,11 @@ class Leases:
                 return True
             now = clock.now_ms()
             if now >= by_ms:
-                raise TimeoutError(f"no lease of flow {self._flow.key!r} came free")
-            wanted = self._left - len(self._held)
-            if self._looking or wanted <= 0 or now - self._looked_ms < LEASE_POLL_MS:
+                raise NoLeaseInTime(self._flow.key)
+            if self._looking or now < self._next_look_ms:
                 self._changed.wait(LEASE_POLL_MS / 1000)
                 return False
-            self._looking, self._looked_ms = True, now
+            self._looking, wanted = True, self._waiting
             held = {item["task_id"] for item in self._held}
         taken: list[dict[str, str]] = []
         try:
@@ -225,19 +252,12 @@ class Leases:
                 self._looking = False
                 self._held += taken
                 self._free += len(taken)
+                self._pause_ms = (
+                    LEASE_POLL_MS if taken else min(2 * self._pause_ms, LEASE_POLL_MAX_MS)
+                )
+                self._next_look_ms = clock.now_ms() + (0 if taken else self._pause_ms)
                 self._changed.notify_all()
         return False
-
-    def done(self) -> None:
-        """One send of the key made for good: a lease more than the sends left goes back."""
-        with self._changed:
-            self._left -= 1
-            surplus = []
-            while self._free and len(self._held) > self._left:
-                surplus.append(self._held.pop())
-                self._free -= 1
-        for key in surplus:
-            self._give_back(key)
 
     def release(self) -> None:
         """Give back every lease (the invocation ends)."""

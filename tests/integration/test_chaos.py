@@ -37,6 +37,7 @@ FAULTS = {
     "executor-faults": {"invocations_failed"},
     "webhook-faults": {"receiver_faults"},
     "restart": {"tasks_unfinished_at_stop"},
+    "flow-limits": {"receiver_faults", "slow_answers"},
 }
 # Where the count is known: every crash planned, each racing finder (two, then five) and
 # every task of both races started by the race itself.
@@ -68,6 +69,17 @@ def test_scenario_loses_duplicates_and_hurries_nothing(name):
     met = result["faults_met"]
     assert set(met) == FAULTS.get(name, set()) and all(n > 0 for n in met.values()), met
     assert met.items() >= EXACTLY.get(name, {}).items(), met
+
+
+@group("flow-limits")
+def test_a_flow_at_a_slow_failing_receiver_keeps_both_its_limits_where_its_sends_arrive():
+    """Its parallelism binds (3 in flight, answers 0.2 s apart), retries go through it as
+    well, and no second holds more than the rate."""
+    result = result_of("flow-limits")
+    flow = result["flow"]
+    assert flow["most_parallelism"] == flow["parallelism"] == 3
+    assert 0 < flow["most_rate"] <= flow["rate"]
+    assert result["faults_met"]["receiver_faults"] == 2 * len(range(0, RUNS["flow-limits"][0], 5))
 
 
 @group("cancel-reschedule")

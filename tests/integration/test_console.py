@@ -19,7 +19,14 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from playwright.sync_api import expect
 
-from tests.conftest import call_api, http_server, stored, wait_for_status, webhook_task
+from tests.conftest import (
+    all_tasks,
+    call_api,
+    http_server,
+    stored,
+    wait_for_status,
+    webhook_task,
+)
 from tocsin import clock
 from tocsin.client import Client
 from tocsin.console.guard import COOKIE
@@ -157,6 +164,32 @@ def test_a_tasks_page_shows_whom_it_tells_and_links_the_callback_both_ways(
     page.locator("#status", has_text="SUCCEEDED").wait_for()
     page.get_by_role("link", name="telling", exact=True).click()
     expect(page.locator("#view pre.on_success")).to_be_visible()
+
+
+def test_a_tasks_page_shows_its_flow_when_it_holds_the_task_and_for_how_long(
+    console, page, runtime, receiver
+):
+    """Three tasks due together at a flow of 1 a second: the last one's page says until
+    when its flow holds it, then how long it held it."""
+    due = clock.now_ms() + 2500
+    for task_id in ("first", "second", "third"):
+        body = webhook_task(receiver.url, due, task_id) | {"flow": {"key": "one-host", "rate": 1}}
+        assert call_api(runtime, "POST", "/tasks", body)[0] == 201
+    deadline = time.monotonic() + 10
+    while not (held := [t for t in all_tasks() if "planned_ms" in t and "fired_at" not in t]):
+        assert time.monotonic() < deadline, "no task held by its flow"
+        time.sleep(0.05)
+    last = max(held, key=lambda task: int(task["planned_ms"]))
+    page.goto(f"{console}/#/task/{last['task_id']}")
+    facts = page.locator("#view dl")
+    expect(facts).to_contain_text("one-host: 1/s")
+    expect(facts).to_contain_text("held until")
+    expect(page.locator("#planned")).to_have_text(last["planned_at"].replace("T", " "))
+    shot(page, "held")
+    page.locator("#status", has_text="SUCCEEDED").wait_for(timeout=15_000)
+    held_ms = int(stored(last["task_id"])["held_ms"])
+    expect(facts).to_contain_text(f"{held_ms} ms by its flow")
+    expect(facts).to_contain_text("planned at")
 
 
 def test_a_task_cancelled_from_its_page_is_cancelled_through_the_api(console, page, runtime):

@@ -3,11 +3,14 @@ invocation at once; none fires early, none is lost or sent twice, and each delay
 (tocsin.flow)."""
 
 import itertools
+import json
 import time
 from collections import Counter
 from dataclasses import replace
 from datetime import datetime
 from unittest import mock
+
+import pytest
 
 from tests.conftest import (
     call_api,
@@ -33,6 +36,22 @@ def submitted(runtime, url: str, due_ms: int, ids: list[str], **flow: object) ->
 
 def ended(ids: list[str]) -> list[dict]:
     return [wait_for_status(task_id, {"SUCCEEDED"}, timeout_s=30) for task_id in ids]
+
+
+def through_a_slow_receiver(
+    runtime, receiver, answer_s: float, count: int, parallelism: int
+) -> tuple[int, list[dict]]:
+    """`count` tasks due together, each submitted apart, through a flow of `parallelism`
+    to a receiver that answers `answer_s` after each request: once they ended, each
+    arrived once and that many were in flight at most. Their due time, and the tasks."""
+    receiver.answer_after_s = answer_s
+    due = clock.now_ms() + 2500
+    ids = [f"slow{i}" for i in range(count)]
+    submitted(runtime, receiver.url, due, ids, parallelism=parallelism)
+    tasks = ended(ids)
+    assert receiver.most_in_flight == parallelism
+    assert Counter(a.task_id for a in receiver.received()) == Counter(ids)
+    return due, tasks
 
 
 def slot(task: dict) -> int:
@@ -116,17 +135,23 @@ def test_a_held_task_shows_when_it_will_fire_before_it_does(runtime, receiver):
     assert fired(ended) >= ms(view["planned_at"])
 
 
+@pytest.fixture
+def short_invocations(runtime, monkeypatch):
+    """Executors of 12 s and webhooks of 4 s at most: an invocation woken 2.5 s before its
+    tasks' due time may send until about 2.5 s past it."""
+    monkeypatch.setenv("WEBHOOK_TIMEOUT_SECONDS", "1")
+    settings.cache_clear()
+    executor = runtime.functions["WebhookExecutorFunction"]
+    runtime.functions["WebhookExecutorFunction"] = replace(executor, timeout_s=12)
+
+
 def test_a_slot_past_what_an_invocation_can_wait_for_is_handed_on_and_fires_at_it(
-    runtime, receiver, monkeypatch
+    runtime, receiver, short_invocations
 ):
     """An executor of 12 s and webhooks of 4 s at most leave an invocation woken 2.5 s
     before its task's due time room to send up to 2.5 s past it: of four tasks due together
     at a rate of 1 a second, the last goes on to an execution that wakes for its slot, and
     each fires once, at its slot."""
-    monkeypatch.setenv("WEBHOOK_TIMEOUT_SECONDS", "1")
-    settings.cache_clear()
-    executor = runtime.functions["WebhookExecutorFunction"]
-    runtime.functions["WebhookExecutorFunction"] = replace(executor, timeout_s=12)
     due = clock.now_ms() + 2500
     ids = [f"h{i}" for i in range(4)]
     submitted(runtime, receiver.url, due, ids, rate=1)
@@ -139,17 +164,21 @@ def test_a_slot_past_what_an_invocation_can_wait_for_is_handed_on_and_fires_at_i
     assert Counter(a.task_id for a in receiver.received()) == Counter(ids)
 
 
+def test_a_send_that_gets_no_lease_in_its_invocation_s_time_goes_on_in_another(
+    runtime, receiver, short_invocations
+):
+    """A receiver that takes 0.8 s to answer, one send in flight at a time, and invocations
+    that may wait for a lease about 2.5 s past their tasks' due time: the later of five
+    tasks go on to executions of their own, and each is sent once, one at a time."""
+    _, tasks = through_a_slow_receiver(runtime, receiver, 0.8, 5, parallelism=1)
+    assert any("h" in t["execution"].rsplit("-v1", 1)[1] for t in tasks)  # went on
+    assert all(int(t["attempts"]) == 1 for t in tasks)
+
+
 def test_a_flow_s_parallelism_holds_across_invocations(runtime, receiver):
     """Six tasks due together, each in an invocation of its own, at a receiver that takes
     0.4 s to answer: at most two are in flight at once, and all six arrive once."""
-    receiver.answer_after_s = 0.4
-    due = clock.now_ms() + 2500
-    ids = [f"p{i}" for i in range(6)]
-    submitted(runtime, receiver.url, due, ids, parallelism=2)
-
-    tasks = ended(ids)
-    assert receiver.most_in_flight == 2
-    assert Counter(a.task_id for a in receiver.received()) == Counter(ids)
+    due, tasks = through_a_slow_receiver(runtime, receiver, 0.4, 6, parallelism=2)
     assert min(a.arrival_ms for a in receiver.received()) >= due
     held = sorted(int(t["held_ms"]) for t in tasks)
     assert held[1] < 400 <= held[2]  # the first pair took its leases, the next waited for them
@@ -179,3 +208,28 @@ def test_a_task_without_a_flow_writes_no_slot(runtime, receiver):
     task = wait_for_status("plain", {"SUCCEEDED"})
     assert not {"flow", "planned_at", "planned_ms", "held_ms"} & set(task)
     assert stored("plain")["status"] == "SUCCEEDED"
+
+
+def test_a_schedules_flow_is_each_occurrences_and_an_edit_that_drops_it_drops_it_there(
+    runtime, receiver
+):
+    start = clock.now_ms() + 10_000  # the first occurrences are tasks, waiting
+    schedule = {
+        "id": "paced",
+        "expression": "rate(2 seconds)",
+        "start_at": clock.to_iso(start),
+        "type": "webhook",
+        "target": {"url": receiver.url},
+        "flow": {"key": "one-host", "rate": 2},
+    }
+    status, view = call_api(runtime, "POST", "/schedules", schedule)
+    assert status == 201 and view["flow"] == {"key": "one-host", "rate": 2, "parallelism": None}
+    first = f"paced.{start}"
+    assert json.loads(stored(first)["flow"]) == {"key": "one-host", "rate": 2}
+    status, edited = call_api(runtime, "PATCH", "/schedules/paced", {"flow": None})
+    assert status == 200 and edited["flow"] is None
+    assert "flow" not in stored(first) and int(stored(first)["version"]) == 2
+    refused = {**schedule, "id": "unpaced", "flow": {"key": "one-host", "rate": 0}}
+    status, reply = call_api(runtime, "POST", "/schedules", refused)
+    assert (status, reply["error"]["field"]) == (400, "flow.rate")
+    assert call_api(runtime, "DELETE", "/schedules/paced")[0] == 200

@@ -37,6 +37,12 @@ with (
     reply = runtime.invoke("ApiFunction", api_event("POST", "/tasks", json.dumps(task)))
     assert reply["statusCode"] == 201, reply
     wait_for_status("logged", {"SUCCEEDED"})
+    for paced in ("paced-1", "paced-2"):  # the second held a second by their flow
+        held = dict(task, id=paced, flow={"key": "one-host", "rate": 1})
+        reply = runtime.invoke("ApiFunction", api_event("POST", "/tasks", json.dumps(held)))
+        assert reply["statusCode"] == 201, reply
+    for paced in ("paced-1", "paced-2"):
+        wait_for_status(paced, {"SUCCEEDED"})
     refused = dict(task, id="refused", type="pigeon")
     reply = runtime.invoke("ApiFunction", api_event("POST", "/tasks", json.dumps(refused)))
     assert reply["statusCode"] == 400, reply
@@ -85,6 +91,10 @@ def test_fired_and_failed_tasks_record_ids_but_not_payloads_or_secrets(level):
     }
     assert namespaces == {"Tocsin"} and {e["service"] for e in metrics} == {"tocsin"}
     assert {"Fired", "LatenessMs", "found", "started", "throttled", "backlog"} <= names
+    flows = [e for e in metrics if "FlowKey" in e]  # one set a key, the key its dimension
+    assert {e["FlowKey"] for e in flows} == {"one-host"}
+    held = [value for e in flows for value in e["FlowHeld"]]  # EMF lists a metric's values
+    assert sum(held) == 1 and max(v for e in flows for v in e["FlowHeldMs"]) > 900
     failed = done.stderr.split("STORED_ERROR=", 1)[1]
     assert "403" in failed.split("DEAD_LETTERS=")[0]  # the failure and its letter are there
     assert '"task_id": "failing"' in failed.split("DEAD_LETTERS=")[1]

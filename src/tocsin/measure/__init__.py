@@ -10,3 +10,14 @@ def placed_long_ago(item: dict[str, Any]) -> dict[str, Any]:
     (`tocsin.index_keys.writers_own`), however soon it is due now, and in the index at its
     due time, not at now (where a task placed past its due time goes)."""
     return {**item, "placed_ms": 0, "gsi_due_ms": item["due_ms"]}
+
+
+def most_within(moments_ms: list[int], span_ms: int) -> int:
+    """The most of `moments_ms` within any `span_ms` (a window from each on): what a flow's
+    rate is judged by where its sends arrive."""
+    ordered, most, start = sorted(moments_ms), 0, 0
+    for end, moment in enumerate(ordered):
+        while moment - ordered[start] >= span_ms:
+            start += 1
+        most = max(most, end - start + 1)
+    return most

@@ -37,7 +37,7 @@ from tocsin.index_keys import LOOK_AFTER_MS
 from tocsin.local.dynamodb_process import Fault
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.local.server import api_event
-from tocsin.measure import placed_long_ago
+from tocsin.measure import most_within, placed_long_ago
 from tocsin.measure.receiver import WebhookReceiver, allowing
 from tocsin.reconcile import Reconciled, reconcile
 from tocsin.sent import SentLog
@@ -49,9 +49,10 @@ EXECUTORS = "ExecutorFunction"
 
 
 def _tasks() -> list[dict[str, Any]]:
-    """Every task in the table (not the finder's and the reconciler's horizons)."""
+    """Every task in the table (not the horizons, nor a flow's ledger: no task id holds
+    the `~` their keys begin with)."""
     items = aws.resource("dynamodb").Table(settings().tasks_table).scan()["Items"]
-    return [item for item in items if item["task_id"] != HORIZONS_KEY["task_id"]]
+    return [item for item in items if not item["task_id"].startswith("~")]
 
 
 @dataclass
@@ -69,6 +70,7 @@ class Trial:
     may_repeat: set[str] = field(default_factory=set)
     notes: dict[str, Any] = field(default_factory=dict)  # what a scenario saw, reported as is
     faults_met: Counter[str] = field(default_factory=Counter)  # by kind, as they happened
+    flow: dict[str, Any] | None = None  # the tasks' flow, whose limits are judged too
     runtimes: ExitStack = field(default_factory=ExitStack)  # this runtime, and any restarted
     exits: ExitStack = field(default_factory=ExitStack)  # the scenario's faults
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -97,6 +99,7 @@ class Trial:
             "type": "webhook",
             "target": {"url": f"{self.receiver.url}{path}"},
             "payload": {"task": task_id},
+            **({"flow": self.flow} if self.flow else {}),
         }
 
     def plan(
@@ -219,7 +222,18 @@ class Trial:
             self.notes["unplanned_failures"] = unplanned
         if doubled:
             self.notes["delivered_twice"] = doubled
+        counts["over_limits"] = self._over_limits()
         return {name: counts[name] for name in JUDGED}
+
+    def _over_limits(self) -> int:
+        """By how much the sends of the tasks' flow, where they arrived, went over its rate
+        in some second and over its parallelism at some moment (0 without a flow)."""
+        if self.flow is None:
+            return 0
+        sends = [a.arrival_ms for a in self.receiver.received()]
+        most = {"rate": most_within(sends, 1000), "parallelism": self.receiver.most_in_flight}
+        self.notes["flow"] = {f"most_{name}": most[name] for name in most} | self.flow
+        return sum(max(0, most[name] - self.flow[name]) for name in most if name in self.flow)
 
     def _dead_letters(self) -> set[str]:
         sqs, keys = boto3.client("sqs"), set()
@@ -245,8 +259,9 @@ JUDGED = (
     "cancelled",
     "unexpected_failures",
     "dlq_missing",
+    "over_limits",
 )
-HOLES = ("duplicates", "early", "lost", "unexpected_failures", "dlq_missing")
+HOLES = ("duplicates", "early", "lost", "unexpected_failures", "dlq_missing", "over_limits")
 
 
 def _current(item: dict[str, Any]) -> str:
@@ -627,6 +642,31 @@ def webhook_faults(trial: Trial, tasks: int) -> None:
     trial.finder_until_done()
 
 
+CHAOS_FLOW = {"key": "chaos-receiver", "rate": 20, "parallelism": 3}
+SLOW_ANSWER_S = 0.2  # at 3 in flight, 15 answers a second: the parallelism binds too
+
+
+def flow_limits(trial: Trial, tasks: int) -> None:
+    """Tasks of one flow (20 a second, 3 in flight) due within one second at a receiver
+    that answers slowly, and fails one task in five twice before it answers 200: the
+    flow's limits hold where its sends arrive, retries included, and nothing is lost or
+    sent twice."""
+    trial.flow = CHAOS_FLOW
+    trial.receiver.answer_after_s = SLOW_ANSWER_S
+    ids = trial.store(tasks, "flow", "/flow/{id}", spread_ms=1000)
+    for task_id in ids[::5]:
+        trial.receiver.script_for[f"/flow/{task_id}"] = [500, 500]
+    planned = sum(len(script) for script in trial.receiver.script_for.values())
+
+    def replies_met() -> None:
+        left = sum(len(script) for script in trial.receiver.script_for.values())
+        trial.met("receiver_faults", planned - left)
+        trial.met("slow_answers", len(trial.receiver.received()))
+
+    trial.exits.callback(replies_met)
+    trial.finder_until_done()
+
+
 RACE_WINDOW_MS = (-1500, 700)  # around the wake, which the claims follow
 RACE_SPACING_MS = 25  # between the races' due times, on average: their API calls keep pace
 
@@ -775,6 +815,7 @@ SCENARIOS: dict[str, Callable[[Trial, int], None]] = {
     "restart": restart,
     "duplicate-submissions": duplicate_submissions,
     "lambda-kills": lambda_kills,
+    "flow-limits": flow_limits,
 }
 SANDBOXED = {"lambda-kills"}  # only with --lambda-limits
 
@@ -845,6 +886,8 @@ def main(
         table.add_row(name, *(str(result[k]) for k in JUDGED))
     console.print(table)
     for name, result in results.items():
+        if "flow" in result:
+            console.print(f"{name}: flow and what its receiver saw at most {result['flow']}")
         if result["faults_met"]:
             met = ", ".join(f"{fault} {n}" for fault, n in result["faults_met"].items())
             console.print(f"{name}: faults met: {met}")

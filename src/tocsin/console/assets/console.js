@@ -397,6 +397,7 @@ function task(root, id) {
       ["type", task.type], ["version", task.version], ["due at", shown(task.due_at)],
       ["fired at", shown(task.fired_at)],
       ["lateness", task.lateness_ms == null ? "–" : `${task.lateness_ms} ms`],
+      ...flowFields(task),
       ["attempts", `${task.attempts} of ${task.max_attempts}`], ["created at", shown(task.created_at)],
       ["updated at", shown(task.updated_at)], ["execution", task.execution || "– (not claimed)"]];
     if (task.error) fields.push(["error", `${task.error.code || ""}: ${task.error.message || ""}`]);
@@ -411,6 +412,21 @@ function task(root, id) {
       h("h2", {}, "Payload"), h("pre", {}, JSON.stringify(task.payload, null, 2)),
       ...callbacks(task));
   };
+}
+
+// A task's flow: its limits, and, once its flow holds it past its due time, when it fires
+// (held, while it waits) and for how long it was held.
+function flowFields(task) {
+  if (!task.flow) return [];
+  const limits = [["rate", "/s"], ["parallelism", " in flight"]]
+    .filter(([name]) => task.flow[name] != null).map(([name, unit]) => `${task.flow[name]}${unit}`);
+  const fields = [["flow", `${task.flow.key}: ${limits.join(", ")}`]];
+  if (task.planned_at) {
+    const waiting = task.status === "RUNNING" && !task.fired_at;
+    fields.push([waiting ? "held until" : "planned at", h("span", { id: "planned" }, shown(task.planned_at))]);
+  }
+  if (task.held_ms != null) fields.push(["held", `${task.held_ms} ms by its flow`]);
+  return fields;
 }
 
 // Who is told the outcome (masked as the target is), and the callback once it is made.
