@@ -46,6 +46,7 @@ MAX_PARALLELISM = BATCH_GET_MAX  # a key's leases are read in one BatchGetItem
 LEDGER_DAYS = 2  # an idle key's ledger items are deleted by TTL this long after use
 LEASE_POLL_MS = 50  # between looks for a free lease, while none is: doubling up to
 LEASE_POLL_MAX_MS = 400
+LEASE_WAIT_MAX_MS = 1000  # the longest a send waits for a lease before it looks again
 # How late past its slot a gate may let a send go (a busy CPU), and how much later the
 # network may bring one than another: slots are spaced wider than 1/rate by the two, so
 # that what reaches a receiver in any second stays within the rate.
@@ -199,6 +200,7 @@ class Leases:
         self._looking = False  # a send reads the items for free ones now
         self._next_look_ms = 0  # when they may be read again
         self._pause_ms = LEASE_POLL_MS  # between looks that found none, doubling to a cap
+        self._next_looker = False  # a send waits to make the next look
         self._changed = threading.Condition()
 
     @contextmanager
@@ -229,7 +231,10 @@ class Leases:
         self._give_back(key)
 
     def _got_one(self, by_ms: int) -> bool:
-        """A free lease taken (True); else a look for more made, or a wait for one."""
+        """A free lease taken (True); else a look for more made, or a wait for one: until
+        the next look for the one send that makes it, else until woken (a lease handed on,
+        a look done), `by_ms` or LEASE_WAIT_MAX_MS. A thousand sends waiting, each woken
+        every few milliseconds, would take a core."""
         with self._changed:
             if self._free:
                 self._free -= 1
@@ -237,8 +242,13 @@ class Leases:
             now = clock.now_ms()
             if now >= by_ms:
                 raise NoLeaseInTime(self._flow.key)
-            if self._looking or now < self._next_look_ms:
-                self._changed.wait(LEASE_POLL_MS / 1000)
+            if self._looking or (now < self._next_look_ms and self._next_looker):
+                self._changed.wait(min(by_ms - now, LEASE_WAIT_MAX_MS) / 1000)
+                return False
+            if now < self._next_look_ms:
+                self._next_looker = True
+                self._changed.wait((min(self._next_look_ms, by_ms) - now) / 1000)
+                self._next_looker = False
                 return False
             self._looking, wanted = True, self._waiting
             held = {item["task_id"] for item in self._held}
@@ -256,7 +266,7 @@ class Leases:
                     LEASE_POLL_MS if taken else min(2 * self._pause_ms, LEASE_POLL_MAX_MS)
                 )
                 self._next_look_ms = clock.now_ms() + (0 if taken else self._pause_ms)
-                self._changed.notify_all()
+                self._changed.notify(len(taken) + 1)  # the sends that take them, and a looker
         return False
 
     def release(self) -> None:
