@@ -215,13 +215,12 @@ def _flow_turn(task: ClaimedTask, lease_by_ms: int) -> Iterator[tuple[int, int]]
     if later: an invocation that comes late is not its flow's doing) to its slot or lease."""
     came_ms = max(task.due_ms, clock.now_ms())
     with _leased(task, task.fires_ms, lease_by_ms) as free_ms:
-        ready_ms = max(task.fires_ms, free_ms)
+        ready_ms = max(task.fires_ms, free_ms, came_ms)
         if task.ledger is None:
-            yield gate.wait_until(ready_ms), max(0, ready_ms - came_ms)
+            yield gate.wait_until(ready_ms), ready_ms - came_ms
             return
         gate.wait_until(ready_ms - TICKET_AHEAD_MS)
         for last_try in (False, True):
-            ready_ms = max(ready_ms, clock.now_ms())  # a slot already past is of no use
             slot_ms = task.ledger.ticket(task.flow, ready_ms)  # type: ignore[arg-type]
             if slot_ms > lease_by_ms:  # a send then could not end in this invocation's time
                 raise HandOn(slot_ms)

@@ -94,7 +94,7 @@ def test_fired_and_failed_tasks_record_ids_but_not_payloads_or_secrets(level):
     flows = [e for e in metrics if "FlowKey" in e]  # one set a key, the key its dimension
     assert {e["FlowKey"] for e in flows} == {"one-host"}
     held = [value for e in flows for value in e["FlowHeld"]]  # EMF lists a metric's values
-    assert sum(held) == 1 and max(v for e in flows for v in e["FlowHeldMs"]) > 900
+    assert sum(held) >= 1 and max(v for e in flows for v in e["FlowHeldMs"]) > 900
     failed = done.stderr.split("STORED_ERROR=", 1)[1]
     assert "403" in failed.split("DEAD_LETTERS=")[0]  # the failure and its letter are there
     assert '"task_id": "failing"' in failed.split("DEAD_LETTERS=")[1]
