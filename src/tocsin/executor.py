@@ -533,7 +533,7 @@ def plan_flows(
         for i, each in enumerate(held)
     ]
     firing = [each for i, each in enumerate(slotted) if i not in handed_on]
-    return _with_limits(store.table_name, firing, holder), [slotted[i] for i in handed_on]
+    return _with_limits(ledger, firing, holder), [slotted[i] for i in handed_on]
 
 
 def _write_slots(
@@ -549,12 +549,7 @@ def _write_slots(
             plan = lambda: store.plan(asked.task_id, asked.version, holder.attempt, slot)  # noqa: E731
             written(asked.task_id, deadline_ms, plan)
             return False
-        keys = check_keys(asked.task_id, slot + LOOK_AFTER_MS, settings())
-        return written(
-            asked.task_id,
-            deadline_ms,
-            lambda: store.hand_on(asked.task_id, asked.version, holder.attempt, slot, keys),
-        )
+        return _given_back(store, holder, asked, slot, deadline_ms)
 
     if not later:
         return set()
@@ -563,7 +558,20 @@ def _write_slots(
     return {i for i, on in handed.items() if on}
 
 
-def _with_limits(table: str, held: list[Held], holder: Holder) -> list[Held]:
+def _given_back(
+    store: TaskStore, holder: Holder, asked: BatchTask, slot_ms: int, deadline_ms: int
+) -> bool:
+    """Hand a claimed task on for its slot (`TaskStore.hand_on`), in a check shard for a
+    look once it should have fired; whether it was this attempt's to hand on."""
+    keys = check_keys(asked.task_id, slot_ms + LOOK_AFTER_MS, settings())
+    return written(
+        asked.task_id,
+        deadline_ms,
+        lambda: store.hand_on(asked.task_id, asked.version, holder.attempt, slot_ms, keys),
+    )
+
+
+def _with_limits(ledger: RateLedger, held: list[Held], holder: Holder) -> list[Held]:
     """The tasks, each of a flow given what keeps its flow's limits in this invocation:
     its leases (one `Leases` a flow with a parallelism), and the ledger its sends take
     their slots on, if it has a rate."""
@@ -572,7 +580,7 @@ def _with_limits(table: str, held: list[Held], holder: Holder) -> list[Held]:
         for each in held
         if isinstance(each.task, ClaimedTask) and each.task.flow is not None
     }
-    until_ms, ledger = holder.lease_until_ms, RateLedger(table)
+    table, until_ms = ledger.table_name, holder.lease_until_ms
     limits = {
         flow: {
             "leases": Leases(table, flow, holder.attempt, until_ms) if flow.parallelism else None,
@@ -706,16 +714,8 @@ def execute(
                 fired = fire([call[i].task for i in to_fire], deadline_ms)  # type: ignore[misc]
             except HandOn as past:  # a flow's task: alone in its call
                 [each] = call
-                slot = past.planned_ms
-                keys = check_keys(each.asked.task_id, slot + LOOK_AFTER_MS, config)
-                given = written(
-                    each.asked.task_id,
-                    ends_ms - MARK_MARGIN_MS,
-                    lambda: store.hand_on(
-                        each.asked.task_id, each.asked.version, holder.attempt, slot, keys
-                    ),
-                )
-                return [HandedOn(slot, given)]
+                slot, by_ms = past.planned_ms, ends_ms - MARK_MARGIN_MS
+                return [HandedOn(slot, _given_back(store, holder, each.asked, slot, by_ms))]
             outcomes.update(zip(to_fire, fired, strict=True))
         return [record(each, outcomes[i]) for i, each in enumerate(call)]
 
@@ -791,7 +791,7 @@ def _send_all(
     if failed:
         raise failed[0][1]
     for each, (outcome, recorded) in done:  # type: ignore[misc]
-        _report(each, outcome, counts)
+        _report(each.asked, outcome, counts)
         if not recorded:  # the task changed under the claim, or a later attempt took it
             counts["unrecorded"] += 1
             metrics.add_metric(name="OutcomeUnrecorded", unit=MetricUnit.Count, value=1)
@@ -820,8 +820,7 @@ def _start(tasks: list[DueTask], execution: str, deadline_ms: int, what: str) ->
         logger.warning(f"{what} not started", fault=type(fault).__name__)
 
 
-def _report(each: Held, outcome: Fired | Failed, counts: Counter[str]) -> None:
-    asked = each.asked
+def _report(asked: BatchTask, outcome: Fired | Failed, counts: Counter[str]) -> None:
     if isinstance(outcome, Failed):
         counts["failed"] += 1
         metrics.add_metric(name="Failed", unit=MetricUnit.Count, value=1)

@@ -107,6 +107,7 @@ class RateLedger:
     """Each flow key's next free slot, on the Tasks table."""
 
     def __init__(self, table_name: str):
+        self.table_name = table_name
         self._table = aws.resource("dynamodb").Table(table_name)
         self._refused = self._table.meta.client.exceptions.ConditionalCheckFailedException
 

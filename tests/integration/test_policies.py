@@ -505,6 +505,18 @@ def test_the_webhook_executor_role_allows_its_calls_as_it_fires_and_fails(runtim
     assert refused(runtime, calls) == []
 
 
+def invoked_on(runtime, calls: Calls, task_ids: tuple[str, ...]) -> dict[str, int]:
+    """The webhook executor's report on one batch of these stored tasks, of an execution
+    that is no more, its calls recorded."""
+    event = {
+        "execution": gone(runtime),
+        "task_type": "webhook",
+        "tasks": [batch_event(task_id)["tasks"][0] for task_id in task_ids],
+    }
+    with calls.of("WebhookExecutorFunction"):
+        return runtime.invoke("WebhookExecutorFunction", event)
+
+
 def test_an_executor_role_allows_the_callbacks_its_final_marks_make(runtime, calls, receiver):
     """A task's end with its callback (one transaction), the callback's large body apart,
     and its start on the state machine of the batch's execution."""
@@ -513,13 +525,7 @@ def test_an_executor_role_allows_the_callbacks_its_final_marks_make(runtime, cal
     for task_id, path in (("fires", ""), ("fails", "/gone")):
         body = webhook_task(f"{receiver.url}{path}", clock.now_ms() - 500, task_id)
         store_task(body | {"on_success": told, "on_failure": told})
-    event = {
-        "execution": gone(runtime),
-        "task_type": "webhook",
-        "tasks": [batch_event(task_id)["tasks"][0] for task_id in ("fires", "fails")],
-    }
-    with calls.of("WebhookExecutorFunction"):
-        report = runtime.invoke("WebhookExecutorFunction", event)
+    report = invoked_on(runtime, calls, ("fires", "fails"))
     stop_executions()
     assert (report["fired"], report["failed"], report["callbacks"]) == (1, 1, 2)
     assert {
@@ -539,13 +545,7 @@ def test_an_executor_role_allows_its_flows_ledger_and_leases_and_no_task_read(
     flow = {"key": "one-host", "rate": 2, "parallelism": 1}
     for task_id in ("first", "second"):
         store_task(webhook_task(receiver.url, clock.now_ms() + 300, task_id) | {"flow": flow})
-    event = {
-        "execution": gone(runtime),
-        "task_type": "webhook",
-        "tasks": [batch_event(task_id)["tasks"][0] for task_id in ("first", "second")],
-    }
-    with calls.of("WebhookExecutorFunction"):
-        report = runtime.invoke("WebhookExecutorFunction", event)
+    report = invoked_on(runtime, calls, ("first", "second"))
     assert report["fired"] == 2 and report["held"] >= 1  # the second, at least
     assert {"dynamodb:UpdateItem", "dynamodb:BatchGetItem"} <= calls.actions(
         "WebhookExecutorFunction"
