@@ -98,9 +98,12 @@ def slots(dues_ms: list[int], free_us: int, rate: int) -> tuple[list[int], int]:
     return planned, free_us
 
 
+LEDGER_PREFIX = "~flow:"  # no task id holds a `~`
+
+
 def _ledger_key(key: str, part: str) -> dict[str, str]:
-    """Not a task (no task id holds a `~`): one of a flow key's ledger items."""
-    return {"task_id": f"~flow:{part}:{key}"}
+    """Not a task: one of a flow key's ledger items."""
+    return {"task_id": f"{LEDGER_PREFIX}{part}:{key}"}
 
 
 class RateLedger:

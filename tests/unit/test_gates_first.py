@@ -1,5 +1,6 @@
 """In the embedded runtime a DynamoDB call waits for a gate about to let go, and only then."""
 
+import json
 import threading
 import time
 
@@ -109,3 +110,29 @@ def test_gates_that_keep_coming_hold_a_call_no_longer_than_the_cap():
     assert held_s >= gates_first.MAX_WAIT_S  # it waited its cap
     for thread, _ in gates:
         thread.join()
+
+
+def _request(**body: object) -> dict:
+    """A DynamoDB request as botocore's before-call hook is given it."""
+    return {"body": json.dumps(body).encode()}
+
+
+def test_a_flow_s_ledger_calls_go_at_once_the_rest_wait(monkeypatch):
+    """A send waits for its flow's ledger before its gate: those calls are the gates' own
+    and do not wait for the gates; a call on a task does, as any call."""
+    monkeypatch.setattr(gates_first, "WINDOW_MS", 1_000)
+    monkeypatch.setattr(gates_first, "MAX_WAIT_S", 5.0)
+    first = GatesFirst()
+    due = clock.now_ms() + 500
+    thread, let_go = _sleeping_gate(first, due)
+    ledger = [
+        _request(TableName="tasks", Key={"task_id": {"S": "~flow:sent:one-host"}}),
+        _request(RequestItems={"tasks": {"Keys": [{"task_id": {"S": "~flow:lease0:k"}}]}}),
+    ]
+    for request in ledger:
+        first.yield_to_gates(params=request)
+        assert not let_go  # at once: the gate still sleeps
+    task = _request(TableName="tasks", Key={"task_id": {"S": "a-task"}})
+    first.yield_to_gates(params=task)
+    assert let_go and let_go[0] >= due
+    thread.join()
