@@ -198,6 +198,22 @@ def test_a_batch_of_one_flow_shares_its_limits(receiver):
     assert Counter(a.task_id for a in receiver.received()) == Counter(ids)
 
 
+def test_sends_that_wait_for_a_lease_go_in_due_order(receiver):
+    """Six tasks due 20 ms apart, in one invocation, one in flight at a time at a receiver
+    that takes 0.2 s to answer: each waits in line for the lease and they arrive in the
+    order they were due."""
+    with runtime_with() as runtime:
+        receiver.answer_after_s = 0.2
+        due = clock.now_ms() + 4000
+        ids = [f"o{i}" for i in range(6)]
+        for i, task_id in enumerate(ids):
+            store_task(flowing(receiver.url, due + 20 * i, task_id, parallelism=1))
+        assert runtime.run_finder()["executions"] == 1
+        ended(ids)
+    assert [a.task_id for a in sorted(receiver.received(), key=lambda a: a.arrival_ms)] == ids
+    assert receiver.most_in_flight == 1
+
+
 def test_a_task_without_a_flow_writes_no_slot(runtime, receiver):
     due = clock.now_ms() + 2000
     assert call_api(runtime, "POST", "/tasks", webhook_task(receiver.url, due, "plain"))[0] == 201
