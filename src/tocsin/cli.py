@@ -94,6 +94,11 @@ def _serve(args: argparse.Namespace) -> int:
     parameters = {"LookAheadSeconds": str(args.lookahead)}
     if args.allow_host:
         parameters["WebhookAllowedHosts"] = ",".join(args.allow_host)
+    given = _template_parameters(args.parameter or [])
+    if isinstance(given, str):
+        print(f"error: --parameter: {given}", file=sys.stderr)
+        return 2
+    parameters |= given
     runtime = EmbeddedRuntime(
         parameters,
         finder_interval_s=args.finder_interval,
@@ -119,6 +124,8 @@ def _serve(args: argparse.Namespace) -> int:
                 print(f"  state in {args.state}, saved at the stop ({requeued} tasks requeued)")
             allowed = ", ".join(args.allow_host or []) or "none"
             print(f"  webhooks to internal addresses allowed for: {allowed} (--allow-host)")
+            if given:
+                print(f"  template parameters: {', '.join(args.parameter)} (--parameter)")
             print(f"  export TOCSIN_URL={url}", flush=True)
             until_interrupted()
         except KeyboardInterrupt:
@@ -506,6 +513,10 @@ def _lambda_limits_option(command: argparse.ArgumentParser) -> None:
     )
 
 
+def _parameter_option(command: argparse.ArgumentParser, help_text: str) -> None:
+    command.add_argument("--parameter", action="append", metavar="NAME=VALUE", help=help_text)
+
+
 def _tables_option(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--tables",
@@ -565,6 +576,11 @@ def parser() -> argparse.ArgumentParser:
         default="local-user",
         help="the caller of requests that name none, the console's (local-user)",
     )
+    _parameter_option(
+        serve,
+        "a template parameter, as sam deploy's --parameter-overrides sets it (repeatable; "
+        "e.g. HostFlowRate=50 for at most 50 webhook sends a second to each host)",
+    )
     _tables_option(serve)
     _lambda_limits_option(serve)
     serve.set_defaults(run=_serve)
@@ -611,11 +627,9 @@ def parser() -> argparse.ArgumentParser:
         metavar="PERCENT",
         help="with --billing provisioned: the share of capacity a steady load uses (70)",
     )
-    bench.add_argument(
-        "--parameter",
-        action="append",
-        metavar="NAME=VALUE",
-        help="a template parameter for every runtime of the run, over the scenario's own "
+    _parameter_option(
+        bench,
+        "a template parameter for every runtime of the run, over the scenario's own "
         "(repeatable; e.g. BurstSendsPerInvocation=30)",
     )
     _tables_option(bench)

@@ -24,8 +24,10 @@ of that key, across every executor invocation at once.
 A task that names no flow reads and writes none of this.
 """
 
+import hashlib
 import json
 import math
+import re
 import threading
 import time
 from collections import deque
@@ -33,19 +35,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tocsin import aws, clock
-from tocsin.batch_read import BATCH_GET_MAX, batch_read
+from tocsin.batch_read import batch_read
 from tocsin.observability import logger
+from tocsin.settings import MAX_FLOW_PARALLELISM, MAX_FLOW_RATE, settings
 
 KEY_PATTERN = r"^[A-Za-z0-9_.:/@-]{1,64}$"  # a host, a tenant, a customer id
-# Sends a second: each send writes its key's sends item, and DynamoDB takes about 1,000
-# writes a second on one item.
-MAX_RATE = 1000
-MAX_PARALLELISM = BATCH_GET_MAX  # a key's leases are read in one BatchGetItem
 LEDGER_DAYS = 2  # an idle key's ledger items are deleted by TTL this long after use
 LEASE_POLL_MS = 50  # between looks for a free lease, while none is: doubling up to
 LEASE_POLL_MAX_MS = 400
@@ -65,8 +65,8 @@ class Flow(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     key: str = Field(pattern=KEY_PATTERN)
-    rate: int | None = Field(default=None, ge=1, le=MAX_RATE)
-    parallelism: int | None = Field(default=None, ge=1, le=MAX_PARALLELISM)
+    rate: int | None = Field(default=None, ge=1, le=MAX_FLOW_RATE)
+    parallelism: int | None = Field(default=None, ge=1, le=MAX_FLOW_PARALLELISM)
 
     @model_validator(mode="after")
     def _limits_something(self) -> "Flow":
@@ -79,8 +79,31 @@ class Flow(BaseModel):
 
 
 def flow_of(item: dict[str, Any]) -> Flow | None:
-    """The flow a stored task names, if any."""
-    return Flow.model_validate_json(item["flow"]) if "flow" in item else None
+    """The flow a stored task names, else its host's (`host_flow`), if any."""
+    if "flow" in item:
+        return Flow.model_validate_json(item["flow"])
+    if item.get("task_type") == "webhook" and "target" in item:
+        return host_flow(json.loads(item["target"])["url"])
+    return None
+
+
+def host_flow(url: str) -> Flow | None:
+    """The stack's flow for a webhook to `url` that names none (HostFlowRate,
+    HostFlowParallelism; none when both are 0), keyed `host:<its URL's host>`, or that
+    host's digest if the key would not fit KEY_PATTERN. Read as the task is sent, so a
+    change holds for every task not yet sent."""
+    config = settings()
+    if not (config.host_flow_rate or config.host_flow_parallelism):
+        return None
+    host = urlsplit(url).hostname or ""
+    key = f"host:{host}"
+    if not re.fullmatch(KEY_PATTERN, key):  # a long name, or not ASCII
+        key = f"host:{hashlib.sha256(host.encode()).hexdigest()[:32]}"
+    return Flow(
+        key=key,
+        rate=config.host_flow_rate or None,
+        parallelism=config.host_flow_parallelism or None,
+    )
 
 
 def spacing_us(rate: int) -> int:
@@ -386,8 +409,8 @@ def flow_view(item: dict[str, Any]) -> dict[str, Any]:
     """What a task's view shows of its flow: the flow, and when it is planned to fire and
     how long flow control held it, once known."""
     view: dict[str, Any] = {}
-    if "flow" in item:
-        view["flow"] = json.loads(item["flow"])
+    if flow := flow_of(item):
+        view["flow"] = flow.model_dump()
     if "planned_at" in item:
         view["planned_at"] = item["planned_at"]
     if "held_ms" in item:

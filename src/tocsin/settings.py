@@ -13,6 +13,10 @@ MAX_PAYLOAD_BYTES = 200 * 1024  # a DynamoDB item is 400 KB; the payload never e
 NEW_TABLE_WRITES_PER_SECOND = 4000  # what a new on-demand table sustains before it scales
 CONNECT_TIMEOUT_S = 3.0  # every SDK or webhook connection's (tocsin.aws)
 WEBHOOK_CONNECT_TRIES = 3  # a webhook connection refused or timed out, within one attempt
+# A flow's limits (tocsin.flow): each send writes its key's sends item, and DynamoDB takes
+# about 1,000 writes a second on one item; a key's leases are read in one BatchGetItem.
+MAX_FLOW_RATE = 1000
+MAX_FLOW_PARALLELISM = 100
 
 
 class Settings(BaseModel):
@@ -45,6 +49,11 @@ class Settings(BaseModel):
     submit_dead_letter_queue_url: str = Field("", alias="SUBMIT_DEAD_LETTER_QUEUE_URL")
     webhook_secret_arn: str = Field("", alias="WEBHOOK_SECRET_ARN")
     webhook_allowed_hosts: frozenset[str] = Field(frozenset(), alias="WEBHOOK_ALLOWED_HOSTS")
+    # The flow of a webhook task that names none, keyed by its URL's host (0: no limit).
+    host_flow_rate: int = Field(0, alias="HOST_FLOW_RATE", ge=0, le=MAX_FLOW_RATE)
+    host_flow_parallelism: int = Field(
+        0, alias="HOST_FLOW_PARALLELISM", ge=0, le=MAX_FLOW_PARALLELISM
+    )
     # At most 20 s: a webhook attempt must fit an executor's time after its last gate.
     webhook_timeout_s: float = Field(10, alias="WEBHOOK_TIMEOUT_SECONDS", gt=0, le=20)
 

@@ -53,6 +53,12 @@ def test_a_look_ahead_within_two_finder_intervals_is_refused(command, capsys):
     assert refused.value.code == 2 and "--lookahead" in capsys.readouterr().err
 
 
+def test_serve_refuses_a_template_parameter_its_declaration_does_not_allow(capsys):
+    assert main(["serve", "--port", "0", "--parameter", "HostFlowRate=5000"]) == 2
+    error = capsys.readouterr().err
+    assert "--parameter: HostFlowRate=5000: a whole number from 0 to 1000" in error
+
+
 def test_console_says_which_option_failed_when_it_cannot_reach_a_stack():
     without = {"AWS_CONFIG_FILE": "/dev/null", "AWS_SHARED_CREDENTIALS_FILE": "/dev/null"}
     without |= {"AWS_EC2_METADATA_DISABLED": "true", "AWS_DEFAULT_REGION": "us-east-1"}

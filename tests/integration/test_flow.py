@@ -198,6 +198,30 @@ def test_a_batch_of_one_flow_shares_its_limits(receiver):
     assert Counter(a.task_id for a in receiver.received()) == Counter(ids)
 
 
+def test_the_stack_s_host_flow_limits_webhooks_that_name_none_and_shows_on_each(receiver):
+    """HostFlowParallelism 1: four webhook tasks that name no flow, due together and each
+    sent by an invocation of its own, reach the receiver one at a time, and each task's view
+    shows the flow its host gave it; a task that names its own keeps it."""
+    with runtime_with({"HostFlowParallelism": "1"}) as runtime:
+        receiver.answer_after_s = 0.3
+        due = clock.now_ms() + 2500
+        ids = [f"p{i}" for i in range(4)]
+        for task_id in ids:
+            task = webhook_task(receiver.url, due, task_id)
+            assert call_api(runtime, "POST", "/tasks", task)[0] == 201
+        own = flowing(receiver.url, due, "own", parallelism=2)
+        assert call_api(runtime, "POST", "/tasks", own)[0] == 201
+        ended([*ids, "own"])
+        views = {i: call_api(runtime, "GET", f"/tasks/{i}")[1] for i in [*ids, "own"]}
+
+    host = {"key": "host:127.0.0.1", "rate": None, "parallelism": 1}
+    assert all(views[i]["flow"] == host for i in ids)
+    assert views["own"]["flow"] == {"key": "one-host", "rate": None, "parallelism": 2}
+    mine = sorted((a.arrival_ms, a.task_id) for a in receiver.received() if a.task_id in ids)
+    assert all(b - a >= 300 for (a, _), (b, _) in itertools.pairwise(mine))  # one at a time
+    assert Counter(a.task_id for a in receiver.received()) == Counter([*ids, "own"])
+
+
 def test_sends_that_wait_for_a_lease_go_in_due_order(receiver):
     """Six tasks due 20 ms apart, in one invocation, one in flight at a time at a receiver
     that takes 0.2 s to answer: each waits in line for the lease and they arrive in the

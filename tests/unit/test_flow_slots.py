@@ -1,11 +1,16 @@
 """A flow's rate as slots: none before its task's due time, none closer than its spacing,
-which keeps any second within the rate."""
+which keeps any second within the rate; and the flow a webhook gets from its host."""
 
-from tocsin.flow import JITTER_MS, MAX_RATE, SLOT_SLACK_MS, slots, spacing_us
+import json
+
+import pytest
+
+from tocsin.flow import JITTER_MS, SLOT_SLACK_MS, Flow, flow_of, slots, spacing_us
+from tocsin.settings import MAX_FLOW_RATE, settings
 
 
 def test_the_spacing_leaves_a_second_room_for_a_late_send_and_jitter_within_the_rate():
-    for rate in (1, 3, 4, 500, MAX_RATE):
+    for rate in (1, 3, 4, 500, MAX_FLOW_RATE):
         assert rate * spacing_us(rate) >= 1000 * (1000 + SLOT_SLACK_MS + JITTER_MS)
         assert (rate - 1) * spacing_us(rate) < 1000 * (1000 + SLOT_SLACK_MS + JITTER_MS)
 
@@ -31,3 +36,50 @@ def test_the_ledger_s_free_slot_holds_back_a_task_due_before_it():
 def test_a_slot_between_milliseconds_is_rounded_up_never_down():
     planned, _ = slots([0, 0, 0, 0], 0, rate=3)  # 346.667 ms apart
     assert planned == [0, 347, 694, 1041]
+
+
+@pytest.fixture
+def host_flow_rate(monkeypatch):
+    """The stack's HostFlowRate of 50."""
+    monkeypatch.setenv("HOST_FLOW_RATE", "50")
+    settings.cache_clear()
+    yield
+    monkeypatch.undo()
+    settings.cache_clear()
+
+
+def stored_task(task_type: str, target: dict, **more: str) -> dict:
+    return {"task_type": task_type, "target": json.dumps(target), **more}
+
+
+@pytest.mark.usefixtures("host_flow_rate")
+@pytest.mark.parametrize(
+    ("url", "key"),
+    [
+        ("https://Hooks.Example.com:8443/x?y=1", "host:hooks.example.com"),
+        ("https://[2001:db8::1]/x", "host:2001:db8::1"),
+    ],
+)
+def test_a_webhook_that_names_no_flow_gets_its_host_s(url, key):
+    assert flow_of(stored_task("webhook", {"url": url})) == Flow(key=key, rate=50)
+
+
+@pytest.mark.usefixtures("host_flow_rate")
+def test_hosts_too_long_for_a_key_get_keys_of_their_own():
+    keys = {
+        flow_of(stored_task("webhook", {"url": f"https://{'a' * 60}.{tail}/"})).key  # type: ignore[union-attr]
+        for tail in ("example.com", "example.org")
+    }
+    assert len(keys) == 2 and all(len(key) <= 64 for key in keys)
+
+
+@pytest.mark.usefixtures("host_flow_rate")
+def test_a_task_s_own_flow_and_other_types_are_left_as_they_are():
+    own = Flow(key="tenant-7", parallelism=3)
+    named = stored_task("webhook", {"url": "https://a.example/"}, flow=own.stored())
+    assert flow_of(named) == own
+    assert flow_of(stored_task("sqs", {"queue_url": "https://sqs.example/q"})) is None
+
+
+def test_without_host_limits_a_webhook_has_no_flow():
+    assert flow_of(stored_task("webhook", {"url": "https://a.example/"})) is None

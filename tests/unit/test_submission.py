@@ -3,8 +3,7 @@
 import pytest
 
 from tocsin.errors import InvalidTask
-from tocsin.flow import MAX_PARALLELISM, MAX_RATE
-from tocsin.settings import MAX_PAYLOAD_BYTES, Settings
+from tocsin.settings import MAX_FLOW_PARALLELISM, MAX_FLOW_RATE, MAX_PAYLOAD_BYTES, Settings
 from tocsin.submit import new_item
 
 NOW = 1_800_000_000_000
@@ -53,9 +52,9 @@ def body(**changes):
         ({"type": "email", "target": {"source": "a@b.co", "to": [], "subject": "s"}}, "target.to"),
         ({"payload": "x" * (MAX_PAYLOAD_BYTES + 1)}, "payload"),
         ({"flow": {"key": "k", "rate": 0}}, "flow.rate"),
-        ({"flow": {"key": "k", "rate": MAX_RATE + 1}}, "flow.rate"),
+        ({"flow": {"key": "k", "rate": MAX_FLOW_RATE + 1}}, "flow.rate"),
         ({"flow": {"key": "k", "parallelism": 0}}, "flow.parallelism"),
-        ({"flow": {"key": "k", "parallelism": MAX_PARALLELISM + 1}}, "flow.parallelism"),
+        ({"flow": {"key": "k", "parallelism": MAX_FLOW_PARALLELISM + 1}}, "flow.parallelism"),
         ({"flow": {"key": "k" * 65, "rate": 1}}, "flow.key"),
         ({"flow": {"key": "has space", "rate": 1}}, "flow.key"),
         ({"flow": {"rate": 1}}, "flow.key"),
