@@ -311,7 +311,16 @@ def fire(tasks: list[ClaimedTask], deadline_ms: int) -> list[Fired | Failed]:
             attempts -= 1  # preparing took the time an attempt needed
             continue
         if ready:
-            fired_ms, held_ms, sent = _deliver([tasks[i] for i in ready], deadline_ms - limit_ms)
+            lease_by_ms = deadline_ms - limit_ms
+            try:
+                fired_ms, held_ms, sent = _deliver([tasks[i] for i in ready], lease_by_ms)
+            except HandOn:  # a flow's task, alone in its call
+                if attempts == 1:  # never sent: it goes on with all its attempts ahead
+                    raise
+                attempts -= 1  # a retry its flow could not let go in time: out of time, as
+                for i in pending:  # any retry, its tries kept (going on, it would start over)
+                    failed(i, f"out of time after {attempts} attempts: its flow had no turn")
+                break
             answers.update(zip(ready, sent, strict=True))
         pending = []
         for i, answer in sorted(answers.items()):

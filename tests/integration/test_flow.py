@@ -55,6 +55,12 @@ def through_a_slow_receiver(
     return due, tasks
 
 
+def early_in_a_second(after_ms: int) -> int:
+    """A due time 100 ms into the second after `after_ms`: tasks due within the next 900 ms
+    are in one due window, one batch of the finder's."""
+    return after_ms - after_ms % 1000 + 1100
+
+
 def slot(task: dict) -> int:
     """When a stored task's flow let it go: its slot, if held, else its due time."""
     return int(task.get("planned_ms", task["due_ms"]))
@@ -171,6 +177,36 @@ def test_a_send_that_gets_no_lease_in_its_invocation_s_time_goes_on_in_another(
     assert all(int(t["attempts"]) == 1 for t in tasks)
 
 
+def test_a_retry_its_flow_cannot_let_go_in_time_ends_the_task_with_its_attempts_counted(
+    runtime, receiver, short_invocations
+):
+    """One invocation, one send in flight at a time: the first task's send answers 500 at
+    once, and the four after it each hold the flow's lease until the webhooks' 1 s
+    timeout. The first task's retry waits in line behind them until its invocation's time
+    is up: it ends out of time with the one attempt it made, as any retry out of time does.
+    Handed on, it would have started its attempts over. No task is sent more often than
+    its attempts say, nor than max_attempts."""
+    # Due soon enough that the invocation starts at once: its time is then about 2.5 s past
+    # the first due time, whenever the finder's wake plan would have woken it.
+    due = early_in_a_second(clock.now_ms() + 2000)
+    ids = [f"t{i}" for i in range(5)]
+    receiver.script_for["/t0"] = [500]  # then 200
+    for task_id in ids[1:]:
+        receiver.script_for[f"/{task_id}"] = ["hang"]
+    for i, task_id in enumerate(ids):
+        url = f"{receiver.url}/{task_id}"
+        store_task(flowing(url, due + 20 * i, task_id, parallelism=1))
+    assert runtime.run_finder()["executions"] == 1
+    tasks = [wait_for_status(i, {"SUCCEEDED", "FAILED"}, timeout_s=60) for i in ids]
+
+    sent = Counter(a.task_id for a in receiver.received())
+    for task in tasks:
+        assert sent[task["task_id"]] == int(task["attempts"]) <= 3
+    first = tasks[0]
+    assert (first["status"], int(first["attempts"])) == ("FAILED", 1)
+    assert "out of time after 1 attempts: its flow had no turn" in first["error"]
+
+
 def test_a_flow_s_parallelism_holds_across_invocations(runtime, receiver):
     """Six tasks due together, each in an invocation of its own, at a receiver that takes
     0.4 s to answer: at most two are in flight at once, and all six arrive once."""
@@ -228,7 +264,7 @@ def test_sends_that_wait_for_a_lease_go_in_due_order(receiver):
     order they were due."""
     with runtime_with() as runtime:
         receiver.answer_after_s = 0.2
-        due = clock.now_ms() + 4000
+        due = early_in_a_second(clock.now_ms() + 4000)
         ids = [f"o{i}" for i in range(6)]
         for i, task_id in enumerate(ids):
             store_task(flowing(receiver.url, due + 20 * i, task_id, parallelism=1))
