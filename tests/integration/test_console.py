@@ -170,7 +170,8 @@ def test_a_tasks_page_shows_its_flow_when_it_holds_the_task_and_for_how_long(
     console, page, runtime, receiver
 ):
     """Three tasks due together at a flow of 1 a second: the last one's page says until
-    when its flow holds it, then how long it held it."""
+    when its flow holds it, in its facts and on its life's axis, then how long it held
+    it."""
     due = clock.now_ms() + 2500
     for task_id in ("first", "second", "third"):
         body = webhook_task(receiver.url, due, task_id) | {"flow": {"key": "one-host", "rate": 1}}
@@ -185,6 +186,8 @@ def test_a_tasks_page_shows_its_flow_when_it_holds_the_task_and_for_how_long(
     expect(facts).to_contain_text("one-host: 1/s")
     expect(facts).to_contain_text("held until")
     expect(page.locator("#planned")).to_have_text(last["planned_at"].replace("T", " "))
+    life = page.get_by_role("img", name="the task's life")
+    expect(life).to_contain_text(f"held until {last['planned_at'][11:23]}")
     shot(page, "held")
     page.locator("#status", has_text="SUCCEEDED").wait_for(timeout=15_000)
     held_ms = int(stored(last["task_id"])["held_ms"])

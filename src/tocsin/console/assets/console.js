@@ -449,6 +449,7 @@ function attemptRows(task) {
 
 function lifeAxis(task) {
   const moments = [["submitted", task.created_at], ["due", task.due_at]];
+  if (task.planned_at) moments.push([task.fired_at ? "planned" : "held until", task.planned_at]);
   for (const [n, at, outcome] of attemptRows(task)) {
     moments.push([outcome.startsWith("failed") ? `attempt ${n} failed` : `fired (attempt ${n})`, at]);
   }
