@@ -572,7 +572,6 @@ def test_a_cancel_landing_while_the_claim_is_on_its_way_wins_and_nothing_fires(r
     """The executor has read the task and is sending its claim when the cancel lands first
     (here the claim waits for the cancel's answer): the claim's condition fails, the cancel
     stands, and nothing is sent."""
-    call_api(runtime, "POST", "/tasks", webhook_task(receiver.url, clock.now_ms() + 2000, "held"))
     claiming, answered = threading.Event(), threading.Event()
 
     def hold_the_claim(params: dict, **_: object) -> None:
@@ -582,6 +581,9 @@ def test_a_cancel_landing_while_the_claim_is_on_its_way_wins_and_nothing_fires(r
 
     client = aws.resource("dynamodb").meta.client
     with hooked(client, ("before-parameter-build.dynamodb.UpdateItem", hold_the_claim)):
+        # submitted with the hook on: due this soon, its executor may claim at once
+        task = webhook_task(receiver.url, clock.now_ms() + 2000, "held")
+        call_api(runtime, "POST", "/tasks", task)
         assert claiming.wait(30)  # the execution woke and its executor is claiming
         status, _ = call_api(runtime, "DELETE", "/tasks/held")
         answered.set()
