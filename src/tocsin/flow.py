@@ -83,19 +83,19 @@ def flow_of(item: dict[str, Any]) -> Flow | None:
     if "flow" in item:
         return Flow.model_validate_json(item["flow"])
     if item.get("task_type") == "webhook" and "target" in item:
-        return host_flow(json.loads(item["target"])["url"])
+        return host_flow(item["target"])
     return None
 
 
-def host_flow(url: str) -> Flow | None:
-    """The stack's flow for a webhook to `url` that names none (HostFlowRate,
-    HostFlowParallelism; none when both are 0), keyed `host:<its URL's host>`, or that
-    host's digest if the key would not fit KEY_PATTERN. Read as the task is sent, so a
-    change holds for every task not yet sent."""
+def host_flow(target: str) -> Flow | None:
+    """The stack's flow for a webhook task that names none, its stored `target` (JSON)
+    read only when the stack sets one (HostFlowRate, HostFlowParallelism; none when both
+    are 0): keyed `host:<its URL's host>`, or that host's digest if the key would not fit
+    KEY_PATTERN. Read as the task is sent, so a change holds for every task not yet sent."""
     config = settings()
     if not (config.host_flow_rate or config.host_flow_parallelism):
         return None
-    host = urlsplit(url).hostname or ""
+    host = urlsplit(json.loads(target)["url"]).hostname or ""
     key = f"host:{host}"
     if not re.fullmatch(KEY_PATTERN, key):  # a long name, or not ASCII
         key = f"host:{hashlib.sha256(host.encode()).hexdigest()[:32]}"
@@ -313,11 +313,10 @@ class Leases:
         finally:
             with self._lock:
                 self._looking = False
-                self._held += taken
-                spare = taken[len(self._line) :]
-                for _ in taken[: len(self._line)]:
+                granted, spare = taken[: len(self._line)], taken[len(self._line) :]
+                self._held += granted
+                for _ in granted:
                     self._grant_first()
-                self._held = [key for key in self._held if key not in spare]
                 self._pause_ms = (
                     LEASE_POLL_MS if taken else min(2 * self._pause_ms, LEASE_POLL_MAX_MS)
                 )

@@ -108,10 +108,9 @@ class GatesFirst:
         run_end = None
         with self._lock:
             acting_until = self._acting_until_ms
-            for due_ms in self._due:  # no further than a call waits: the run may be long
-                if due_ms > (now if run_end is None else run_end) + WINDOW_MS or (
-                    due_ms > now + MAX_WAIT_S * 1000
-                ):
+            for due_ms in self._due:
+                run_reach_ms = (now if run_end is None else run_end) + WINDOW_MS
+                if due_ms > min(run_reach_ms, now + MAX_WAIT_S * 1000):
                     break
                 run_end = due_ms
         if run_end is not None:
