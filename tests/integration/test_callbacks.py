@@ -143,7 +143,7 @@ def test_a_final_mark_that_committed_unanswered_makes_one_callback_and_fails_not
     500: botocore sends it again, the task's condition refuses it, and the executor reads
     its own first write in the refusal: the task ends once, with one callback, and the
     batch's invocation does not fail."""
-    committed = Fault("InternalServerError", 500, 0.0, after_commit=True, when="ok.1", first=1)
+    committed = Fault("InternalServerError", 500, 0.0, after_commit=True, when=("ok.1",), first=1)
     runtime.dynamodb.set_faults("TransactWriteItems", [committed], seed=1)
     body = with_callbacks(receiver.url, clock.now_ms() + 2000, "ok")
     assert call_api(runtime, "POST", "/tasks", body)[0] == 201

@@ -156,6 +156,18 @@ def test_sandboxes_killed_mid_send_lose_nothing_and_deliver_again_only_what_they
     assert all(n > 0 for n in met.values()), met
 
 
+@pytest.mark.xdist_group("chaos-unmarked-sandboxed")
+@pytest.mark.skipif(bool(cgroups_refused()), reason=f"no sandbox here: {cgroups_refused()}")
+def test_final_marks_refused_to_sandboxed_executors_are_logged_and_never_sent_twice():
+    """The refusals come from the DynamoDB process, so executors in sandboxes of their own
+    meet them as the in-process ones do."""
+    result = run_scenario("unmarked-sends", tasks=15, seed=3, lambda_limits=True)
+    assert {k: result[k] for k in ZERO} == ZERO, result
+    assert result["fired"] == result["tasks"] == 15
+    met = result["faults_met"]
+    assert met["final_marks_refused"] > 0 and met["sends_logged"] > 0, met
+
+
 def test_a_scenario_that_kills_sandboxes_is_refused_without_them(capsys):
     assert main(["chaos", "--scenarios", "lambda-kills", "--tasks", "6"]) == 2
     assert "--lambda-limits" in capsys.readouterr().err

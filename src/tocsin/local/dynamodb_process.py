@@ -63,15 +63,22 @@ class Fault:
     """An error DynamoDB can answer with, and the share of requests that get it; with
     `after_commit`, the request is carried out first (an ambiguous write: it committed,
     and the caller sees a failure); with `hang_s`, it is neither carried out nor answered
-    (a write that hangs)."""
+    (a write that hangs); with `until_item`, only until that item is written (a task's
+    final mark refused until its send is logged, whichever process writes the log)."""
 
     code: str
     status: int
     share: float
     after_commit: bool = False
     hang_s: float = 0.0  # instead of an error, no answer for this long, then a dropped line
-    when: str = ""  # only requests whose body holds this text (`":status"`: a final mark)
+    when: tuple[str, ...] = ()  # only bodies holding each text (`":status"`: a final mark)
     first: int = 0  # the first this many requests it applies to meet it, whatever the share
+    until_item: tuple[str, ...] = ()  # a table's name and an item's hash key
+
+
+def _fault(when: list[str], until_item: list[str], **rest: Any) -> Fault:
+    """A fault as `set_faults` sent it, its lists tuples again (a fault is counted by value)."""
+    return Fault(when=tuple(when), until_item=tuple(until_item), **rest)
 
 
 def process_usage() -> dict[str, float]:
@@ -102,7 +109,7 @@ class _Service:
         self.requests[action] += 1
         roll, below = self.rng.random(), 0.0
         for fault in self.faults.get(action, []):
-            if fault.when.encode() not in body:
+            if any(text.encode() not in body for text in fault.when) or self._holds(fault):
                 continue
             self.applied[fault] += 1
             below += fault.share
@@ -110,6 +117,18 @@ class _Service:
                 self.injected[fault.code] += 1
                 return fault
         return None
+
+    @staticmethod
+    def _holds(fault: Fault) -> bool:
+        """Whether the item the fault waits for is written (a fault without one: never)."""
+        if not fault.until_item:
+            return False
+        from moto.dynamodb.models import dynamodb_backends
+
+        name, key = fault.until_item
+        backend = dynamodb_backends[ACCOUNT_ID][REGION]
+        table = backend.get_table(name)
+        return backend.get_item(name, {table.hash_key_attr: {"S": key}}) is not None
 
     def meter(self) -> Metering:
         if self.metering is None:
@@ -247,7 +266,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.service.rng.seed(faults["seed"])
             self.service.applied.clear()
             self.service.faults = {
-                action: [Fault(**fault) for fault in listed]
+                action: [_fault(**fault) for fault in listed]
                 for action, listed in faults["actions"].items()
             }
         self._reply(200, {}, b"{}")

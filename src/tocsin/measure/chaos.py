@@ -2,11 +2,11 @@
 
 Each scenario gets a fresh runtime (the real template, state machine and handlers), a
 webhook receiver and its own batch of tasks. A fault is switched on at a seam outside
-the product: a botocore hook on a client, a wrapper on a moto backend, on the runtime's
-Lambda invoke, or the receiver's replies. The judge then reads every task and every
-arrival: duplicates (a version delivered more than once), early (delivered before its
-due time), lost (neither delivered nor in a state that says why) and dlq_missing (a
-FAILED task with no dead-letter message holding its error).
+the product: a botocore hook on a client, a wrapper on a moto backend, the DynamoDB
+process's answers, a wrapper on the runtime's Lambda invoke, or the receiver's replies.
+The judge then reads every task and every arrival: duplicates (a version delivered more
+than once), early (delivered before its due time), lost (neither delivered nor in a state
+that says why) and dlq_missing (a FAILED task with no dead-letter message holding its error).
 """
 
 import json
@@ -26,7 +26,7 @@ from typing import Any
 from unittest import mock
 
 import boto3
-from botocore.exceptions import ClientError, EndpointConnectionError
+from botocore.exceptions import EndpointConnectionError
 from moto.core.exceptions import JsonRESTError
 
 from tocsin import aws, clock
@@ -40,7 +40,6 @@ from tocsin.local.server import api_event
 from tocsin.measure import most_within, placed_long_ago
 from tocsin.measure.receiver import WebhookReceiver, allowing
 from tocsin.reconcile import Reconciled, reconcile
-from tocsin.sent import SentLog
 from tocsin.settings import settings
 from tocsin.store import DUE_INDEX, HORIZONS_KEY
 
@@ -460,28 +459,31 @@ def unmarked_sends(trial: Trial, tasks: int) -> None:
     """For a third of the tasks the Tasks table refuses the final mark after the send
     (throttled, every try to the invocation's margin): the executor logs the send and
     fails; Fire's retry takes the task over, finds the send in the log, and marks it from
-    there instead of sending again."""
+    there instead of sending again. The DynamoDB process refuses them, so the executors'
+    sandboxes under --lambda-limits meet it too."""
     ids = trial.store(tasks, "unmarked")
-    refused = set(trial.rng.sample(ids, max(1, len(ids) // 3)))
+    refused = trial.rng.sample(ids, max(1, len(ids) // 3))
     _executors_time_out(trial.runtime)
-    sent = SentLog(settings().sent_table)
-
-    def throttle_marks(params: dict[str, Any], **_: Any) -> None:
-        key = params.get("Key", {}).get("task_id")
-        task_id = key.get("S") if isinstance(key, dict) else key
-        final_mark = ":status" in params.get("ExpressionAttributeValues", {})
-        if final_mark and task_id in refused and sent.find(task_id, 1) is None:
-            trial.met("final_marks_refused")
-            error = {"Error": {"Code": "ProvisionedThroughputExceededException"}}
-            raise ClientError(error, "UpdateItem")
-
-    client = aws.resource("dynamodb").meta.client
-    event = "before-parameter-build.dynamodb.UpdateItem"
-    client.meta.events.register(event, throttle_marks)
-    trial.exits.callback(client.meta.events.unregister, event, throttle_marks)
+    sent_table = settings().sent_table
+    faults = [
+        Fault(
+            "ProvisionedThroughputExceededException",
+            400,
+            1.0,
+            when=('":status"', f'"{task_id}"'),
+            until_item=(sent_table, f"{task_id}:1"),
+        )
+        for task_id in refused
+    ]
+    dynamodb = trial.runtime.dynamodb
+    dynamodb.set_faults("UpdateItem", faults, seed=trial.rng.randrange(2**32))
+    trial.exits.callback(dynamodb.set_faults, "UpdateItem", [], seed=0)  # off: the rest runs
+    trial.exits.callback(
+        trial.met_injected, {"ProvisionedThroughputExceededException": "final_marks_refused"}
+    )
     trial.finder_until_done()
     trial.settle()
-    logged = boto3.resource("dynamodb").Table(settings().sent_table).scan()["Items"]
+    logged = boto3.resource("dynamodb").Table(sent_table).scan()["Items"]
     trial.met("sends_logged", len(logged))
 
 
@@ -514,7 +516,7 @@ def lambda_kills(trial: Trial, tasks: int) -> None:
         raise NeedsLambdaLimits("lambda-kills kills sandboxes: run it with --lambda-limits")
     trial.runtime.time_out_at(WEBHOOK, SANDBOX_TIMEOUT_S)
     # the first final mark hangs whatever the draw, so that every run meets one
-    hang = Fault("hang", 0, 1 / 5, hang_s=SANDBOX_TIMEOUT_S + 5, when='":status"', first=1)
+    hang = Fault("hang", 0, 1 / 5, hang_s=SANDBOX_TIMEOUT_S + 5, when=('":status"',), first=1)
     trial.runtime.dynamodb.set_faults("UpdateItem", [hang], seed=trial.rng.randrange(2**32))
     trial.exits.callback(trial.met_injected, {"hang": "final_marks_hung"})
     ids = trial.store(tasks, "killed", spread_ms=9000)  # a batch a second: a kill hits few
