@@ -274,6 +274,36 @@ def test_provisioned_capacity_scales_every_table_and_index_but_the_sent_log():
         assert resource["Condition"] == "Provisioned"
 
 
+def referred(value: Any) -> set[str]:
+    """The logical ids a resource waits for: what it names by Ref, Fn::GetAtt or DependsOn."""
+    if isinstance(value, list):
+        return set().union(*map(referred, value)) if value else set()
+    if not isinstance(value, dict):
+        return set()
+    found = {value["Ref"]} if isinstance(value.get("Ref"), str) else set()
+    if "Fn::GetAtt" in value:
+        found.add(value["Fn::GetAtt"][0])
+    depends = value.get("DependsOn", [])
+    found.update([depends] if isinstance(depends, str) else depends)
+    return found | referred(list(value.values()))
+
+
+def test_the_stack_makes_its_scaling_resources_one_at_a_time():
+    """Each target-tracking policy makes CloudWatch alarms, and an account may make or
+    delete three a second: made side by side, 16 policies fail a deploy with "Rate
+    exceeded". So the 32 targets and policies stand in one line, each waiting for the one
+    before it, and CloudFormation makes them (and deletes them, last first) one at a time."""
+    resources = expand_language_extensions(copy.deepcopy(TEMPLATE))["Resources"]
+    scaling = {k for k, r in resources.items() if r["Type"].startswith("AWS::ApplicationAuto")}
+    waits_for = {name: referred(resources[name]) & scaling for name in scaling}
+    line = [name for name in scaling if not waits_for[name]]
+    assert len(line) == 1, f"{len(line)} made at once: {sorted(line)}"
+    while after := [name for name in scaling if line[-1] in waits_for[name]]:
+        assert len(after) == 1, f"{after} made at once, after {line[-1]}"
+        line.append(after[0])
+    assert len(line) == len(scaling) == 32
+
+
 def test_the_bench_prices_executors_at_the_lead_a_deployed_stack_has():
     assert TEMPLATE["Parameters"]["LeadMilliseconds"]["Default"] == AWS_LEAD_MS
 

@@ -89,7 +89,7 @@ def expand_language_extensions(template: dict[str, Any]) -> dict[str, Any]:
     """The template with its resources' Fn::ForEach loops expanded and each Ref that holds
     a function (which the transform allows) resolved, the transform itself then dropped.
     Only what template.yaml uses: literal collections, ${x} and &{x} in keys and strings,
-    Ref x, and a Ref of a literal Fn::Sub or Fn::FindInMap."""
+    Ref x, and a Ref of a literal Fn::Sub or of an Fn::FindInMap of literals or of them."""
     transforms = template.get("Transform", [])
     if LANGUAGE_EXTENSIONS not in transforms:
         return template
@@ -131,13 +131,20 @@ def _resolved_refs(value: Any, mappings: dict[str, Any]) -> Any:
         return value
     target = value.get("Ref")
     if isinstance(target, dict) and len(value) == 1:
-        if "Fn::Sub" in target and "${" not in target["Fn::Sub"]:
-            return {"Ref": target["Fn::Sub"]}
-        if "Fn::FindInMap" in target:
-            name, key, attribute = target["Fn::FindInMap"]
-            return {"Ref": mappings[name][key][attribute]}
-        raise ValueError(f"a Ref the runtime cannot resolve: {target}")
+        return {"Ref": _literal(target, mappings)}
     return {k: _resolved_refs(v, mappings) for k, v in value.items()}
+
+
+def _literal(value: Any, mappings: dict[str, Any]) -> str:
+    """A string, a literal Fn::Sub, or an Fn::FindInMap of them, as the transform resolves it."""
+    if isinstance(value, str):
+        return value
+    if "Fn::Sub" in value and isinstance(value["Fn::Sub"], str) and "${" not in value["Fn::Sub"]:
+        return str(value["Fn::Sub"])
+    if "Fn::FindInMap" in value:
+        name, key, attribute = (_literal(part, mappings) for part in value["Fn::FindInMap"])
+        return str(mappings[name][key][attribute])
+    raise ValueError(f"a Ref the runtime cannot resolve: {value}")
 
 
 def _create_secrets(template: dict[str, Any]) -> dict[str, Any]:
