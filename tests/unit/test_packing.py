@@ -6,8 +6,17 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tocsin.dispatch import BURST_SPAN_MS, Batch, DueTask, densest, execution_input, pack, staggers
-from tocsin.model import BATCH_ENTRIES, BATCHED_TYPES, TaskType
+from tocsin.dispatch import (
+    BURST_SPAN_MS,
+    Batch,
+    DueTask,
+    burst_tasks,
+    densest,
+    execution_input,
+    pack,
+    staggers,
+)
+from tocsin.model import BATCHED_TYPES, TaskType
 from tocsin.settings import BATCH_SIZE_LIMIT, Settings
 
 SECOND = 1_800_000_000_000  # a window boundary
@@ -44,14 +53,22 @@ def test_a_crowded_window_is_dealt_evenly_to_as_few_batches_as_its_size_allows()
 def test_tasks_due_together_are_split_so_that_no_executor_sends_more_than_its_burst():
     """500 tasks due in one millisecond: a 256 MB executor sends about 15 webhooks in
     100 ms, so they go to 34 batches that send side by side; SQS tasks go ten to a call,
-    150 a batch; a lone task, or a few, stay whole."""
+    and a call costs four sends: 40 a batch at most; a lone task, or a few, stay whole."""
     webhooks = [task(0, f"w{i:03d}") for i in range(500)]
     queues = [task(0, f"q{i:03d}", TaskType.SQS) for i in range(500)]
     batches = pack(webhooks + queues + [task(5000, "lone")], 1000, 500, burst_sends=15)
     sizes = {kind: [len(b.tasks) for b in batches if b.task_type is kind] for kind in TaskType}
     assert len(sizes[TaskType.WEBHOOK]) == 35 and max(sizes[TaskType.WEBHOOK][:34]) == 15
-    assert sizes[TaskType.SQS] == [125] * 4
+    assert sizes[TaskType.SQS] == [39] * 6 + [38] * 7
     assert sizes[TaskType.WEBHOOK][-1] == 1
+
+
+def test_a_batch_call_counts_four_sends_and_a_batch_holds_whole_calls():
+    """After the gate a ten-entry call costs about four webhook sends: a burst of N sends
+    holds N webhook tasks, or N / 4 calls (one at least) of batched tasks."""
+    assert [burst_tasks(TaskType.WEBHOOK, n) for n in (1, 15, 40)] == [1, 15, 40]
+    for kind in BATCHED_TYPES:
+        assert [burst_tasks(kind, n) for n in (1, 4, 15, 40)] == [10, 10, 40, 100]
 
 
 @given(
@@ -67,7 +84,7 @@ def test_every_task_is_packed_once_within_the_size_and_the_burst(
     tasks = [task(offset, f"t{i:03d}", kind) for i, offset in enumerate(offsets)]
     batches = pack(tasks, window_ms=1000, batch_size=batch_size, burst_sends=burst_sends)
     assert sorted(t for b in batches for t in b.tasks) == sorted(tasks)
-    burst = burst_sends * (BATCH_ENTRIES if kind in BATCHED_TYPES else 1)
+    burst = burst_tasks(kind, burst_sends)
     for batch in batches:
         assert len(batch.tasks) <= batch_size and densest(list(batch.tasks)) <= burst
         assert len({t.due_ms // 1000 for t in batch.tasks}) == 1  # one window
