@@ -140,7 +140,7 @@ class ClaimedTask:
     version: int
     due_ms: int
     target: Target
-    payload_json: str
+    payload_json: bytes  # UTF-8, as a webhook sends it: no copy of a 200 KB body per send
     max_attempts: int
     requeues: int = 0
     flow: Flow | None = None  # the limits it shares with its key's tasks (tocsin.flow)
@@ -364,13 +364,13 @@ def _claimed(item: dict[str, Any], asked: BatchTask, task_type: TaskType) -> Cla
             version=asked.version,
             due_ms=asked.due_ms,
             target=parse_target(task_type, json.loads(item["target"])),
-            payload_json=item["payload"],
+            payload_json=item["payload"].encode(),
             max_attempts=int(item.get("max_attempts", DEFAULT_MAX_ATTEMPTS)),
             requeues=int(item.get("requeues", 0)),
             flow=flow_of(item),
             planned_ms=int(item.get("planned_ms", 0)),
         )
-    except (ValidationError, KeyError, ValueError, TypeError) as error:
+    except (ValidationError, KeyError, ValueError, TypeError, AttributeError) as error:
         return Failed("PermanentTargetError", f"malformed stored task: {error}", 0)
 
 
@@ -499,15 +499,11 @@ def claim_batch(
     except (BotoCoreError, ClientError, Busy) as fault:
         _let_go(store, holder, [asked for asked, _ in won])
         raise TableUnavailable(f"bodies: {type(fault).__name__}") from fault
-    held = [
-        Held(
-            asked,
-            _claimed(item, asked, batch.task_type),
-            claim.taken_over or "requeues" in item,
-            needed(item),
-        )
-        for (asked, claim), item in zip(won, items, strict=True)
-    ]
+    held = []
+    for (asked, claim), item in zip(won, items, strict=True):
+        task = _claimed(item, asked, batch.task_type)
+        held.append(Held(asked, task, claim.taken_over or "requeues" in item, needed(item)))
+        item.clear()  # its payload's text goes now: a batch's bodies are held once, as bytes
     return held, [asked.task_id for asked, claim in claims if claim.in_progress]
 
 

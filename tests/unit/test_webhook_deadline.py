@@ -13,7 +13,7 @@ from tocsin.settings import settings
 from tocsin.targets.base import Delivery
 from tocsin.targets.webhook import WebhookTarget
 
-DELIVERY = Delivery(task_id="t", version=1, idempotency_key="t:1", payload_json='{"a":1}')
+DELIVERY = Delivery(task_id="t", version=1, idempotency_key="t:1", payload_json=b'{"a":1}')
 LIMIT_S = 4.0  # the attempt's limit with a 1 s webhook timeout (connect and read, retried)
 SLACK_S = 4.0  # room for a loaded machine: the trickle would hold it 16 s longer
 TRICKLE_S = 20.0  # far past the attempt's limit

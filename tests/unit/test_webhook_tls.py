@@ -15,7 +15,7 @@ from tocsin.settings import settings
 from tocsin.targets.base import Delivery
 from tocsin.targets.webhook import WebhookTarget
 
-DELIVERY = Delivery(task_id="t", version=2, idempotency_key="t:2", payload_json='{"a":1}')
+DELIVERY = Delivery(task_id="t", version=2, idempotency_key="t:2", payload_json=b'{"a":1}')
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ class Delivery(BaseModel):
     task_id: str
     version: int
     idempotency_key: str
-    payload_json: str
+    payload_json: bytes  # UTF-8
 
     def envelope(self) -> str:
         """The JSON most targets carry: ids for the receiver's own de-duplication, then payload."""
