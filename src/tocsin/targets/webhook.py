@@ -66,7 +66,8 @@ def signature_headers(
 ) -> dict[str, str]:
     """Standard Webhooks headers: the HMAC-SHA256 of `<id>.<timestamp>.<body>` under each key,
     so a receiver that knows any one of them verifies (rotation without a gap)."""
-    signatures = (_signature(key, f"{message_id}.{timestamp_s}.".encode(), body) for key in keys)
+    prefix = f"{message_id}.{timestamp_s}.".encode()
+    signatures = (_signature(key, prefix, body) for key in keys)
     return {
         "webhook-id": message_id,
         "webhook-timestamp": str(timestamp_s),
