@@ -149,18 +149,19 @@ def short_invocations(runtime, monkeypatch):
 def test_a_slot_past_what_an_invocation_can_wait_for_is_handed_on_and_fires_at_it(
     runtime, receiver, short_invocations
 ):
-    """An executor of 12 s and webhooks of 4 s at most leave an invocation woken 2.5 s
-    before its task's due time room to send up to 2.5 s past it: of four tasks due together
-    at a rate of 1 a second (slots 1,040 ms apart), the last goes on to an execution that
-    wakes for its slot, and each fires once, at its slot (or later: a gate a busy machine
-    lets go late takes a later one)."""
+    """An executor of 12 s and webhooks of 4 s at most leave an invocation woken about 2 s
+    before its task's due time room to send up to about 3 s past it: of seven tasks due
+    together at a rate of 1 a second (slots 1,040 ms apart), the last, 6.24 s past, goes on
+    to an execution that wakes for its slot (on a machine so busy that its invocation
+    began more than 3 s late, it would not need to), and each fires once, at its slot (or
+    later: a gate a busy machine lets go late takes a later one)."""
     due = clock.now_ms() + 2500
-    ids = [f"h{i}" for i in range(4)]
+    ids = [f"h{i}" for i in range(7)]
     submitted(runtime, receiver.url, due, ids, rate=1)
     tasks = ended(ids)
 
     last = max(tasks, key=slot)
-    assert slot(last) >= due + 3120  # past what its first invocation could send in
+    assert slot(last) >= due + 6240  # past what its first invocation could send in
     assert last["execution"].endswith(f"-v1h{slot(last)}")  # an execution of its own
     assert all(fired(task) >= slot(task) for task in tasks)
     assert Counter(a.task_id for a in receiver.received()) == Counter(ids)
@@ -181,15 +182,16 @@ def test_a_retry_its_flow_cannot_let_go_in_time_ends_the_task_with_its_attempts_
     runtime, receiver, short_invocations
 ):
     """One invocation, one send in flight at a time: the first task's send answers 500 at
-    once, and the four after it each hold the flow's lease until the webhooks' 1 s
+    once, and the eight after it each hold the flow's lease until the webhooks' 1 s
     timeout. The first task's retry waits in line behind them until its invocation's time
-    is up: it ends out of time with the one attempt it made, as any retry out of time does.
-    Handed on, it would have started its attempts over. No task is sent more often than
-    its attempts say, nor than max_attempts."""
-    # Due soon enough that the invocation starts at once: its time is then about 2.5 s past
+    for a lease is up, about 3 s past their due time (8 s before its turn would come): it
+    ends out of time with the one attempt it made, as any retry out of time does. Handed
+    on, it would have started its attempts over. No task is sent more often than its
+    attempts say, nor than max_attempts."""
+    # Due soon enough that the invocation starts at once: its time is then about 3 s past
     # the first due time, whenever the finder's wake plan would have woken it.
     due = early_in_a_second(clock.now_ms() + 2000)
-    ids = [f"t{i}" for i in range(5)]
+    ids = [f"t{i}" for i in range(9)]
     receiver.script_for["/t0"] = [500]  # then 200
     for task_id in ids[1:]:
         receiver.script_for[f"/{task_id}"] = ["hang"]
