@@ -190,6 +190,8 @@ def _deliver(tasks: list[ClaimedTask], lease_by_ms: int) -> tuple[int, int, list
     try:
         call = _targets_own(_call, tasks)  # before the gate: after it only the request is left
         with _flow_turn(first, lease_by_ms) as (fired_ms, held_ms):
+            if gate.WATCH:
+                gate.WATCH.let_go()
             return fired_ms, held_ms, _targets_own(call)
     except (PermanentTargetError, TransientTargetError) as error:  # for the whole call
         return clock.now_ms(), 0, [error] * len(tasks)

@@ -253,6 +253,12 @@ def test_lambda_fires_every_task_once_from_sandboxes_and_reports_each_size(capsy
     assert set(figures["by_memory"]) == {"256"}
     assert set(figures["by_memory"]["256"]) == {"webhook", "sqs"}
     assert figures["bodies_peak_rss_mb"] > 0
+    # What the executors did after their gates, at the template's size, by type: the CPU
+    # their sandboxes' cgroups counted a send, the invocations, the throttling.
+    assert all(figures["post_gate_cpu_us"][t] > 0 for t in ("webhook", "sqs"))
+    assert all(figures["executions"][t] >= 1 for t in ("webhook", "sqs"))
+    assert all(figures["throttling"][t]["nr_throttled"] >= 0 for t in ("webhook", "sqs"))
+    assert figures["moto_ms"]["p99"] >= 0  # moto's own time, apart from the lateness
     # Its lateness is the figure it measures (a cold start at a seventh of a core took 4 s
     # here on a busy machine): reported, not bounded, as every bench figure.
     assert figures["lateness_ms"]["p99"] >= 0

@@ -11,7 +11,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from tocsin.local import sandbox, tls
+from tocsin.local import moto_endpoint, tls
 
 # the embedded runtime's own machinery: it runs on the developer's Python, never on Lambda's
 pytestmark = pytest.mark.any_python
@@ -38,11 +38,11 @@ def sent_cut_short(url: str, body: bytes, cut_at: int) -> None:
 
 
 def test_a_request_cut_short_is_not_carried_out():
-    with mock_aws(), sandbox.serving_moto(tls.authority().server_context()) as url:
+    with mock_aws(), moto_endpoint.serving_moto(tls.authority().server_context()) as endpoint:
         sqs = boto3.client("sqs", region_name="us-east-1")
         queue = sqs.create_queue(QueueName="cut")["QueueUrl"]
         body = f"Action=SendMessage&QueueUrl={queue}&MessageBody=a-whole-message".encode()
-        sent_cut_short(url, body, len(body) - len("-message"))
+        sent_cut_short(endpoint.url, body, len(body) - len("-message"))
         time.sleep(1)  # the server reads to the end of what came, then would act
         reply = sqs.receive_message(QueueUrl=queue, WaitTimeSeconds=0)
         assert reply.get("Messages", []) == []

@@ -5,6 +5,7 @@ senders open their connections in the same millisecond, and every one is answere
 import http.client
 import ssl
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -63,3 +64,24 @@ def test_over_tls_a_stand_in_answers_whom_the_authority_vouches_for_and_no_one_e
                     urllib.request.urlopen(f"{url}/tls", data=b"{}", context=UNTRUSTING)
             assert [a.path for a in direct.received()] == ["/tls"]
         assert [a.path for a in plain.received()] == ["/tls"]
+
+
+def test_a_receiver_times_a_request_by_when_its_bytes_arrived_not_when_it_got_to_them():
+    """The receiver's own thread may come to a request late (a burst's hundreds of handler
+    threads share one interpreter lock): its arrival is when the kernel received its first
+    bytes, which the receiver's lateness measures."""
+    with WebhookReceiver(tls=tls.authority().server_context()) as receiver:
+        port = int(receiver.url.rsplit(":", 1)[1])
+        context = ssl.create_default_context(cafile=str(tls.authority().bundle))
+        connection = http.client.HTTPSConnection("127.0.0.1", port, context=context)
+        connection.connect()
+        held = threading.Lock()
+        with held:  # the receiver's handler waits for the interpreter, as under a burst
+            holding = receiver._holding  # the handler's first step, before it reads a line
+            receiver._holding = lambda more: (held.acquire(), held.release(), holding(more))
+            sent_ms = time.time_ns() // 1_000_000
+            connection.request("POST", "/late", body=b"{}", headers={"Tocsin-Task-Id": "t"})
+            time.sleep(0.3)
+        assert connection.getresponse().status == 200
+    [arrival] = receiver.received()
+    assert sent_ms <= arrival.arrival_ms < sent_ms + 100

@@ -8,9 +8,12 @@ waited that long. Here connections wake the loop until it has seen the flag.
 """
 
 import contextlib
+import select
 import socket
 import ssl
+import struct
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,6 +21,55 @@ from socketserver import BaseServer
 from typing import Any
 
 WAKE_EVERY_S = 0.01
+
+
+# Linux's SO_TIMESTAMPNS (asm-generic; the socket module does not name it): each received
+# segment carries the kernel's CLOCK_REALTIME of its arrival, read as ancillary data.
+SO_TIMESTAMPNS = 35
+TIMESPEC = struct.Struct("qq")
+
+
+def stamp_arrivals(sock: socket.socket) -> None:
+    """Ask the kernel to stamp what this connection receives (where it can)."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+
+
+def first_bytes_ns(sock: socket.socket, wait_s: float) -> int:
+    """When the next bytes on `sock` reached this machine, by the kernel's stamp: they are
+    peeked, not read (a TLS socket reads them itself), waiting up to `wait_s` for them.
+    The time now where no stamp can be had (bytes already read into the TLS layer, no
+    stamp asked, a connection closed): a handler's own clock, which counts the wait for
+    its thread and the interpreter lock, is what this replaces."""
+    if isinstance(sock, ssl.SSLSocket) and sock.pending():
+        return time.time_ns()
+    try:
+        if not select.select([sock], [], [], wait_s)[0]:
+            return time.time_ns()
+        _, ancillary, _, _ = socket.socket.recvmsg(
+            sock, 1, socket.CMSG_SPACE(TIMESPEC.size), socket.MSG_PEEK
+        )
+    except (OSError, ValueError):
+        return time.time_ns()
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+            seconds, nanoseconds = TIMESPEC.unpack(data[: TIMESPEC.size])
+            return seconds * 1_000_000_000 + nanoseconds
+    return time.time_ns()
+
+
+class StampsArrivals(BaseHTTPRequestHandler):
+    """A handler that knows when each request's first bytes arrived (`arrived_ns`), where
+    lateness is measured: not when its thread got to it. Its server stamps connections
+    (`LocalServer`). A client that pipelines requests would wait for them here up to
+    IDLE_WAIT_S: none of Tocsin's senders does."""
+
+    arrived_ns = 0
+    IDLE_WAIT_S = 60.0
+
+    def handle_one_request(self) -> None:
+        self.arrived_ns = first_bytes_ns(self.connection, self.IDLE_WAIT_S)
+        super().handle_one_request()
 
 
 class AcceptsTls:
@@ -29,6 +81,7 @@ class AcceptsTls:
 
     def get_request(self) -> tuple[Any, Any]:
         sock, address = super().get_request()  # type: ignore[misc]
+        stamp_arrivals(sock)
         if self.tls is None:
             return sock, address
         return self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address

@@ -176,6 +176,7 @@ class EmbeddedRuntime:
         self._turns = {logical_id: threading.Lock() for logical_id in ONE_AT_A_TIME}
         self.lambda_limits = lambda_limits
         self.sandboxes: Any = None  # tocsin.local.sandbox.Pool, with lambda_limits
+        self.moto_endpoint: Any = None  # tocsin.local.moto_endpoint.MotoEndpoint, with them
         self._sandboxed: dict[str, Any] = {}  # executor logical id -> its FunctionSpec
         self.calibration: list[dict[str, Any]] = []  # the sandboxes' CPU share, measured
 
@@ -422,13 +423,17 @@ class EmbeddedRuntime:
         """Executors run in processes of their own, under Lambda's limits
         (`tocsin.local.sandbox`); they reach moto's services here and the DynamoDB process
         over HTTPS, as an executor reaches AWS (`tocsin.local.tls`)."""
-        from tocsin.local import sandbox, tls
+        from tocsin.local import moto_endpoint, sandbox, tls
 
         authority = tls.authority()
-        moto = self._exits.enter_context(sandbox.serving_moto(authority.server_context()))
+        moto = moto_endpoint.serving_moto(authority.server_context())
+        self.moto_endpoint = self._exits.enter_context(moto)
         dynamodb = self._exits.enter_context(tls.terminating(self.dynamodb.wait_until_ready()))
         environment = dict(os.environ) | authority.client_environment()
-        environment |= {"AWS_ENDPOINT_URL": moto, "AWS_ENDPOINT_URL_DYNAMODB": dynamodb}
+        environment |= {
+            "AWS_ENDPOINT_URL": self.moto_endpoint.url,
+            "AWS_ENDPOINT_URL_DYNAMODB": dynamodb,
+        }
         self.sandboxes = sandbox.Pool(self._cgroup_bases, environment)
         self._exits.callback(self.sandboxes.close)
         for logical_id, code_dir in self._code_dirs.items():

@@ -18,8 +18,9 @@ Child -> parent: JSON lines on a pipe of its own, apart from what the handler pr
 stdin closes (the parent closed it, or died).
 
 The child reaches DynamoDB through AWS_ENDPOINT_URL_DYNAMODB (the DynamoDB process) and
-every other service through AWS_ENDPOINT_URL: `serving_moto`, a small HTTP server in the
-runtime's process that answers with moto's own request handling (its in-process backends).
+every other service through AWS_ENDPOINT_URL: `tocsin.local.moto_endpoint`, a small HTTP
+server in the runtime's process that answers with moto's own request handling (its
+in-process backends).
 Both over TLS, as on AWS (`tocsin.local.tls`).
 """
 
@@ -27,15 +28,13 @@ import json
 import os
 import select
 import signal
-import ssl
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from contextlib import suppress
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +87,7 @@ def cgroup_bases() -> dict[str, Path]:
     bases = {}
     for controller, limit_file in (
         ("cpu", "cpu.cfs_quota_us"),
+        ("cpuacct", "cpuacct.usage"),
         ("memory", "memory.limit_in_bytes"),
     ):
         mount = CGROUP_ROOT / controller
@@ -96,6 +96,9 @@ def cgroup_bases() -> dict[str, Path]:
             detail = "this machine has cgroup v2 (unified) only" if v2 else f"no {mount}"
             raise LimitsUnavailable(f"{why}: {detail}")
         base = mount / _own_cgroup(controller).lstrip("/")
+        if base.resolve() in {b.resolve() for b in bases.values()}:
+            bases[controller] = base  # mounted with cpu (cpu,cpuacct): one folder serves both
+            continue
         probe = base / f"{PREFIX}-probe-{os.getpid()}"
         try:
             probe.mkdir()
@@ -113,7 +116,7 @@ def sweep(bases: dict[str, Path]) -> list[Path]:
     """Remove cgroups an earlier runtime left behind (its process is gone), killing what is
     still in them; the ones removed."""
     removed = []
-    for base in bases.values():
+    for base in {base.resolve(): base for base in bases.values()}.values():
         for group in base.glob(f"{PREFIX}-*"):
             owner = group.name.split("-")[2]
             if owner.isdigit() and not Path(f"/proc/{owner}").exists():
@@ -152,21 +155,24 @@ def _rmdir(group: Path, wait_s: float = 2.0) -> None:
 
 
 @dataclass
-class CgroupPair:
-    """One environment's cpu and memory cgroups."""
+class Cgroups:
+    """One environment's cpu and memory cgroups, and the cpuacct one that counts its CPU
+    (the cpu group itself where the two controllers share a hierarchy)."""
 
     cpu: Path
     memory: Path
+    cpuacct: Path
 
     @classmethod
     def make(
         cls, bases: dict[str, Path], share: float, memory_mb: int, period_us: int = PERIOD_US
-    ) -> "CgroupPair":
+    ) -> "Cgroups":
         name = f"{PREFIX}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        pair = cls(bases["cpu"] / name, bases["memory"] / name)
+        pair = cls(bases["cpu"] / name, bases["memory"] / name, bases["cpuacct"] / name)
         pair.cpu.mkdir()
         try:
             pair.memory.mkdir()
+            pair.cpuacct.mkdir(exist_ok=True)  # made with cpu where they share a hierarchy
             pair.hold_to(share, period_us)
             limit = str(memory_mb * 1024 * 1024)
             (pair.memory / "memory.limit_in_bytes").write_text(limit)
@@ -184,8 +190,11 @@ class CgroupPair:
         (self.cpu / "cpu.cfs_period_us").write_text(str(period_us))
         (self.cpu / "cpu.cfs_quota_us").write_text(str(quota))
 
+    def groups(self) -> list[Path]:
+        return list({group: None for group in (self.cpu, self.memory, self.cpuacct)})
+
     def add(self, pid: int) -> None:
-        for group in (self.cpu, self.memory):
+        for group in self.groups():
             (group / "cgroup.procs").write_text(str(pid))
 
     def oom_kills(self) -> int:
@@ -208,10 +217,34 @@ class CgroupPair:
             "oom_kills": self.oom_kills(),
         }
 
+    def throttling(self) -> "Tally":
+        """The CFS throttling so far: periods throttled, and for how long."""
+        cpu = dict(line.split() for line in (self.cpu / "cpu.stat").read_text().splitlines())
+        return Tally(nr_throttled=int(cpu["nr_throttled"]), throttled_ns=int(cpu["throttled_time"]))
+
     def remove(self) -> None:
-        for group in (self.cpu, self.memory):
+        for group in self.groups():
             _kill_members(group)
             _rmdir(group)
+
+
+@dataclass(frozen=True)
+class Tally:
+    """What invocations did after their gates (`tocsin.gate.WATCH`: the CPU their cgroup
+    spent from a send's first gate to its last write, and the sends written) and the CFS
+    throttling their cgroup met meanwhile; added up over invocations and environments."""
+
+    invocations: int = 0
+    post_gate_cpu_ns: int = 0
+    sends: int = 0
+    nr_throttled: int = 0
+    throttled_ns: int = 0
+
+    def __add__(self, other: "Tally") -> "Tally":
+        return Tally(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+    def __sub__(self, other: "Tally") -> "Tally":
+        return Tally(*(a - b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
 
 # -- the parent's side --------------------------------------------------------------------
@@ -239,8 +272,9 @@ class Environment:
         period_us: int = PERIOD_US,
     ):
         self.spec = spec
-        self.groups = CgroupPair.make(bases, INIT_SHARE, spec.memory_mb, period_us)
+        self.groups = Cgroups.make(bases, INIT_SHARE, spec.memory_mb, period_us)
         self.invocations = 0
+        self.tally = Tally()  # what its invocations did after their gates, and were throttled
         self.running: Any = None  # the event of the invocation under way, if any
         self.peak_mb = 0.0  # its cgroup's peak memory, kept when it is closed
         reply_read, reply_write = os.pipe()
@@ -250,6 +284,7 @@ class Environment:
             "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(spec.memory_mb),
             "AWS_LAMBDA_FUNCTION_TIMEOUT": str(int(spec.timeout_s)),
             "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+            CPUACCT_ENV: str(self.groups.cpuacct / "cpuacct.usage"),
         }
         try:
             # No preexec_fn: with threads in the parent it may deadlock, and it would make
@@ -290,6 +325,7 @@ class Environment:
         started = time.monotonic()  # CLOCK_MONOTONIC: the same clock in the child
         deadline = started + self.spec.timeout_s
         self.invocations += 1
+        throttled_before = self.groups.throttling()
         self._send(
             {"event": event, "started": started, "request_id": request_id or str(uuid.uuid4())}
         )
@@ -298,6 +334,8 @@ class Environment:
             reply = self._reply(deadline)
         finally:
             self.running = None
+        throttled = self.groups.throttling() - throttled_before
+        self.tally += Tally(1, *reply.get("post_gate", (0, 0))) + throttled
         if "errorType" in reply:
             raise FunctionError(reply["errorType"], reply["errorMessage"])
         return reply["result"]
@@ -362,6 +400,7 @@ class Pool:
         self._lock = threading.Lock()
         self.cold_starts = 0
         self._peaks_mb: list[float] = []  # of the environments gone
+        self._tallies_gone: dict[str, Tally] = {}  # of the environments gone, by function
 
     def invoke(self, spec: FunctionSpec, event: Any) -> Any:
         with self._lock:
@@ -376,6 +415,8 @@ class Pool:
                 with self._lock:
                     self._all.discard(environment)
                     self._peaks_mb.append(environment.peak_mb)
+                    gone = self._tallies_gone.get(spec.logical_id, Tally())
+                    self._tallies_gone[spec.logical_id] = gone + environment.tally
                 raise
             with self._lock:
                 self._idle[spec.logical_id].append(environment)
@@ -408,6 +449,12 @@ class Pool:
                 e for e in self._all if e.spec.logical_id == logical_id and e.running is not None
             ]
 
+    def tally(self, logical_id: str) -> Tally:
+        """What a function's invocations did after their gates, and their throttling."""
+        with self._lock:
+            live = [e.tally for e in self._all if e.spec.logical_id == logical_id]
+            return sum(live, self._tallies_gone.get(logical_id, Tally()))
+
     def peak_memory_mb(self) -> float:
         """The most memory any environment of the pool has held (its cgroup's peak)."""
         with self._lock:
@@ -421,85 +468,6 @@ class Pool:
             environment.close()
 
 
-# -- moto over HTTP, for the children -----------------------------------------------------
-
-ENDPOINT_PREFIXES = {"ses": "email"}  # signing name -> endpoint prefix, where they differ
-
-
-@contextmanager
-def serving_moto(tls: ssl.SSLContext) -> Iterator[str]:
-    """This process's moto (its in-process backends, under mock_aws) on a local port over
-    TLS, for the children; yields the endpoint URL for AWS_ENDPOINT_URL. Requests are
-    SigV4-signed by the children; the credential scope names the service and region."""
-    from http.server import BaseHTTPRequestHandler
-
-    from botocore.awsrequest import AWSPreparedRequest
-    from botocore.compat import HTTPHeaders
-    from moto.core.models import botocore_stubber
-
-    from tocsin.local.http_thread import LocalServer, serving_in_thread, whole_body
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        disable_nagle_algorithm = True
-
-        def do_POST(self) -> None:
-            self._answer()
-
-        def do_GET(self) -> None:
-            self._answer()
-
-        def do_PUT(self) -> None:
-            self._answer()
-
-        def do_DELETE(self) -> None:
-            self._answer()
-
-        def _answer(self) -> None:
-            body = whole_body(self)
-            if body is None:
-                return None
-            scope = self.headers.get("authorization", "").split("Credential=", 1)[-1]
-            try:
-                _, _, region, service, _ = scope.split(",", 1)[0].split("/")
-            except ValueError:
-                return self._send(400, {}, b'{"message": "unsigned request"}')
-            host = f"{ENDPOINT_PREFIXES.get(service, service)}.{region}.amazonaws.com"
-            headers = HTTPHeaders()
-            for name, value in self.headers.items():
-                headers[name] = value
-            headers.replace_header("Host", host) if "Host" in headers else None
-            request = AWSPreparedRequest(
-                method=self.command,
-                url=f"https://{host}{self.path}",
-                headers=headers,
-                body=body,
-                stream_output=False,
-            )
-            answer = botocore_stubber.process_request(request)
-            if answer is None:
-                return self._send(404, {}, b'{"message": "no such service here"}')
-            status, reply_headers, reply = answer
-            self._send(status, reply_headers, reply.encode() if isinstance(reply, str) else reply)
-
-        def _send(self, status: int, headers: dict[str, Any], body: bytes) -> None:
-            self.send_response(status)
-            for name, value in headers.items():
-                if name.lower() not in ("content-length", "server", "date", "status"):
-                    self.send_header(name, str(value))
-            self.send_header("Content-Length", str(len(body or b"")))
-            self.end_headers()
-            self.wfile.write(body or b"")
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = LocalServer(("127.0.0.1", 0), Handler)
-    server.tls = tls
-    with serving_in_thread(server, "moto-for-sandboxes"):
-        yield f"https://127.0.0.1:{server.server_address[1]}"
-
-
 # -- calibration ----------------------------------------------------------------------------
 
 
@@ -510,7 +478,7 @@ def calibrate(
     the quota caps (the machine's other work can only lower it)."""
     figures = []
     for share in shares:
-        groups = CgroupPair.make(bases, share, CALIBRATION_MB)
+        groups = Cgroups.make(bases, share, CALIBRATION_MB)
         try:
             child = subprocess.Popen(
                 [sys.executable, "-c", _BUSY, str(seconds)],
@@ -547,6 +515,66 @@ print(json.dumps({"wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "loops": n})
 # -- the child's side -------------------------------------------------------------------------
 
 
+def _written_by_urllib3(watch: "CgroupCpu") -> None:
+    """A send's bytes written through urllib3 (a webhook's request, or botocore's to a
+    target), where the fire path writes and reads in one call: each request urllib3 writes
+    to another host than the DynamoDB endpoint (claims and marks) tells `watch`."""
+    from urllib.parse import urlsplit
+
+    import urllib3.connection
+
+    tables = urlsplit(os.environ.get("AWS_ENDPOINT_URL_DYNAMODB", "")).port
+    request = urllib3.connection.HTTPConnection.request
+
+    def written(connection: Any, *args: Any, **kwargs: Any) -> Any:
+        sent = request(connection, *args, **kwargs)
+        if connection.port != tables:
+            watch.written()
+        return sent
+
+    urllib3.connection.HTTPConnection.request = written  # type: ignore[method-assign]
+
+
+CPUACCT_ENV = "TOCSIN_SANDBOX_CPUACCT"  # the child's cgroup's CPU counter (cpuacct.usage)
+
+
+class CgroupCpu:
+    """`tocsin.gate.WATCH` in a sandbox: the CPU its cgroup spent from an invocation's first
+    gate to its last write, and the sends written. Each reading first yields the CPU, so
+    the kernel charges the running thread's time to the cgroup before it is read (read
+    while running, the counter lagged by up to a scheduler tick, 4 ms, against the
+    process's own clock; after a yield, within 0.1 ms)."""
+
+    def __init__(self, usage: Path):
+        self._usage = os.open(usage, os.O_RDONLY)
+        self._lock = threading.Lock()
+        self.start()
+
+    def start(self) -> None:
+        with self._lock:
+            self._first_ns = self._last_ns = 0
+            self._sends = 0
+
+    def _read(self) -> int:
+        os.sched_yield()
+        return int(os.pread(self._usage, 32, 0))
+
+    def let_go(self) -> None:
+        with self._lock:
+            if not self._first_ns:
+                self._first_ns = self._read()
+
+    def written(self) -> None:
+        with self._lock:
+            self._last_ns = self._read()
+            self._sends += 1
+
+    def figures(self) -> tuple[int, int]:
+        """The CPU (ns) from the first gate to the last write, and the sends written."""
+        with self._lock:
+            return max(self._last_ns - self._first_ns, 0), self._sends
+
+
 def _child(spec_json: str) -> None:
     import queue
 
@@ -574,8 +602,11 @@ def _child(spec_json: str) -> None:
     except Exception as error:
         reply({"errorType": "Runtime.ImportModuleError", "errorMessage": str(error)})
         return
+    from tocsin import gate
     from tocsin.observability import metrics
 
+    watch = gate.WATCH = CgroupCpu(Path(os.environ[CPUACCT_ENV]))
+    _written_by_urllib3(watch)
     reply({"ready": True, "init_cpu_ms": round((time.process_time() - cpu0) * 1000)})
     while True:
         message = json.loads(inbox.get())
@@ -587,12 +618,13 @@ def _child(spec_json: str) -> None:
             aws_request_id=message["request_id"],
             started=message["started"],
         )
+        watch.start()
         try:
             result = handler(message["event"], context)
-            reply({"result": result})
+            reply({"result": result, "post_gate": watch.figures()})
         except Exception as error:
             name = getattr(error, "error_type", type(error).__name__)
-            reply({"errorType": name, "errorMessage": str(error)})
+            reply({"errorType": name, "errorMessage": str(error), "post_gate": watch.figures()})
         finally:
             metrics.clear_metrics()
 

@@ -879,19 +879,26 @@ def _print_lambda(figures: dict[str, Any], console: Any) -> None:
         f"Lateness by memory size, ms: {figures['per_run']} tasks due in one millisecond, "
         "executors in Lambda-sized sandboxes"
     )
-    table = Table("MB", "CPU share", "type", "p50", "p99", "max", "peak RSS MB", title=title)
+    columns = ("p50", "p99", "max", "executions", "post_gate_cpu_us", "throttled_ms")
+    table = Table(
+        "MB", "CPU share", "type", "p50", "p99", "max", "executions",
+        "post-gate CPU µs a send", "throttled ms", "peak RSS MB", title=title,
+    )  # fmt: skip
     for size, types in figures["by_memory"].items():
         for task_type, f in types.items():
             share = f"{int(size) / MB_PER_CORE:.3f}"
-            row = (str(f[k]) for k in ("p50", "p99", "max", "peak_rss_mb"))
+            row = (str(f[k]) for k in (*columns, "peak_rss_mb"))
             table.add_row(size, share, task_type, *row)
     console.print(table)
+    moto = figures.get("moto_ms") or {}
     console.print(
         f"at {figures['memory_mb']} MB: {figures['cpu_share']} of a core given, "
         f"{figures['calibrated_share']} measured; {figures['tasks']} tasks, "
         f"{figures['fired']} fired, {figures['early']} early, {figures['duplicates']} "
         f"duplicated, {figures['lost']} lost; 200 KB bodies: peak RSS "
-        f"{figures['bodies_peak_rss_mb']} MB"
+        f"{figures['bodies_peak_rss_mb']} MB; an SQS send is a call of up to ten; "
+        f"moto's own time from a message's arrival to its SentTimestamp: p50 "
+        f"{moto.get('p50')} ms, p99 {moto.get('p99')} ms"
     )
 
 

@@ -4,11 +4,22 @@
 Lambda-sized sandboxes (`tocsin.local.sandbox`) at the template's executor memory size and
 at larger ones (a larger size buys a larger share of a core); then 500 webhook tasks with
 200 KB bodies at the template's size, in one executor (the most BatchSize lets one hold);
-then one executor's share of a split burst alone (see `one_invocation`). Lateness is
-measured where each task arrives: the receiver's clock for a webhook, the queue's
-SentTimestamp for SQS.
+then one executor's share of a split burst alone (see `one_invocation`).
+
+Lateness is measured where each task's bytes arrive, by the kernel's receive stamp of their
+first bytes (`tocsin.local.http_thread.first_bytes_ns`): at the webhook receiver, and at
+the endpoint that stands in for SQS (`tocsin.local.moto_endpoint`), so that no stand-in's
+own CPU counts as Tocsin's lateness. moto answers every queue call in one process; what it
+took from that arrival to the message's SentTimestamp is reported apart (`moto_ms`).
+
+Each run also reports what its executors did after their gates: the CPU their sandboxes'
+cgroups spent from an invocation's first gate to its last write, per send (a call, for
+SQS: `post_gate_cpu_us`), the invocations the burst took (`executions`) and the CFS
+throttling the sandboxes met (`nr_throttled`, `throttled_ms`).
 """
 
+import json
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import boto3
@@ -23,6 +34,7 @@ from tocsin.model import TaskType
 from tocsin.settings import MAX_PAYLOAD_BYTES, settings
 
 if TYPE_CHECKING:
+    from tocsin.local.moto_endpoint import Call
     from tocsin.local.runtime import EmbeddedRuntime
     from tocsin.measure.bench import Bench
 
@@ -38,19 +50,19 @@ def lambda_limits(bench: "Bench") -> dict[str, Any]:
     """Every size and type, then the large bodies; the figures `--json` reports."""
     tasks = bench.size(TASKS)
     by_memory: dict[str, dict[str, Any]] = {}
-    runs, default_lateness, calibration = [], [], {}
+    runs, default_lateness, calibration, at_default = [], [], {}, {}
     for memory_mb in SIZES_MB:
         for task_type in TYPES:
             figures, lateness, measured = same_millisecond(bench, memory_mb, task_type, tasks)
             runs.append(figures)
             by_memory.setdefault(str(memory_mb), {})[task_type] = {
                 **figures["lateness_ms"],
-                "peak_rss_mb": figures["peak_rss_mb"],
-                "environments": figures["environments"],
+                **{key: figures[key] for key in PER_RUN},
             }
             if memory_mb == SIZES_MB[0]:
                 default_lateness += lateness
                 calibration = calibration or measured
+                at_default[task_type] = figures
     whole = {"BurstSendsPerInvocation": str(tasks)}  # the most one executor may hold
     bodies, _, _ = same_millisecond(bench, SIZES_MB[0], "webhook", tasks, BODY_BYTES, whole)
     runs.append(bodies)
@@ -71,10 +83,28 @@ def lambda_limits(bench: "Bench") -> dict[str, Any]:
             **{f"p{p}": percentile(default_lateness, p) for p in (50, 90, 99)},
             "max": max(default_lateness, default=0),
         },
+        "post_gate_cpu_us": {t: f["post_gate_cpu_us"] for t, f in at_default.items()},
+        "executions": {t: f["executions"] for t, f in at_default.items()},
+        "throttling": {
+            t: {"nr_throttled": f["nr_throttled"], "throttled_ms": f["throttled_ms"]}
+            for t, f in at_default.items()
+        },
+        "moto_ms": at_default.get("sqs", {}).get("moto_ms"),
         "by_memory": by_memory,
         "one_invocation": alone,
         "bodies_peak_rss_mb": bodies["peak_rss_mb"],
     }
+
+
+# What each run reports beside its lateness (`same_millisecond`).
+PER_RUN = (
+    "peak_rss_mb",
+    "environments",
+    "executions",
+    "post_gate_cpu_us",
+    "nr_throttled",
+    "throttled_ms",
+)
 
 
 def same_millisecond(
@@ -89,6 +119,7 @@ def same_millisecond(
     (`more`: other template parameters): the run's figures, its lateness values and the
     sandbox's calibration."""
     label = f"lambda {memory_mb} MB {task_type}" + (" bodies" if body_bytes else "")
+    moto_ms: dict[str, int] = {}
     with ReceiverProcess(tls=True) as receiver:  # HTTPS, as the sandboxes reach AWS
         parameters = {
             "ExecutorMemorySize": str(memory_mb),
@@ -96,6 +127,7 @@ def same_millisecond(
             **(more or {}),
         }
         with bench.runtime(parameters, lambda_limits=True) as runtime:
+            runtime.moto_endpoint.recording = True
             target = _target(task_type, receiver.url)
             due_ms = clock.now_ms() + AHEAD_MS
             planned = [PlannedTask(f"{task_type}-{i:04d}", due_ms) for i in range(tasks)]
@@ -104,12 +136,24 @@ def same_millisecond(
             runtime.run_finder()
             bar = bench.progress.add_task(label, total=len(planned))
             _wait_for_final(runtime, len(planned), due_ms, bench, bar)
-            arrivals = receiver.received() if task_type == "webhook" else _queued(target)
+            if task_type == "webhook":
+                arrivals = receiver.received()
+            else:
+                arrivals, moto_ms = _at_the_queue(runtime.moto_endpoint.recorded(), target)
             peak_rss_mb = runtime.sandboxes.peak_memory_mb()
+            tally = runtime.sandboxes.tally(EXECUTORS[task_type])
             calibration = runtime.calibration[0] if runtime.calibration else {}
             bench.progress.remove_task(bar)
     figures = summarize(planned, arrivals) | {"peak_rss_mb": round(peak_rss_mb, 1)}
-    figures["environments"] = environments
+    figures |= {
+        "environments": environments,
+        "executions": tally.invocations,
+        "post_gate_cpu_us": round(tally.post_gate_cpu_ns / 1000 / max(tally.sends, 1), 1),
+        "nr_throttled": tally.nr_throttled,
+        "throttled_ms": round(tally.throttled_ns / 1e6, 1),
+    }
+    if moto_ms:
+        figures["moto_ms"] = moto_ms
     return figures, lateness_values(planned, arrivals), calibration
 
 
@@ -167,10 +211,30 @@ def _wait_for_final(
     runtime.wait_for_executions(timeout_s=10)
 
 
+def _at_the_queue(
+    calls: list["Call"], target: dict[str, Any]
+) -> tuple[list[Arrival], dict[str, int]]:
+    """Each message on the queue as it arrived at the endpoint (its call's first bytes), and
+    moto's own time: from there to the message's SentTimestamp (p50, p99 and max). A
+    message the queue holds twice arrives twice; one that reached the endpoint in a call
+    whose entries the queue does not hold did not arrive."""
+    reached: dict[str, int] = {}  # each task's first arrival at the endpoint
+    for call in calls:
+        if call.operation.endswith(".SendMessageBatch"):
+            for entry in json.loads(call.body)["Entries"]:
+                task_id = json.loads(entry["MessageBody"])["task_id"]
+                reached[task_id] = min(reached.get(task_id, call.arrived_ns), call.arrived_ns)
+    arrivals, moto_ms = [], []
+    for message in _queued(target):
+        arrived_ms = reached[message.task_id] // 1_000_000
+        arrivals.append(replace(message, arrival_ms=arrived_ms))
+        moto_ms.append(message.arrival_ms - arrived_ms)
+    took = {f"p{p}": percentile(moto_ms, p) for p in (50, 99)} | {"max": max(moto_ms, default=0)}
+    return arrivals, took
+
+
 def _queued(target: dict[str, Any]) -> list[Arrival]:
     """Every message on the queue, as arrivals at its SentTimestamp."""
-    import json
-
     sqs, arrivals = boto3.client("sqs"), []
     while True:
         reply = sqs.receive_message(

@@ -14,8 +14,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from tocsin import clock
-from tocsin.local.http_thread import LocalServer, stop_serving
+from tocsin.local.http_thread import LocalServer, StampsArrivals, stop_serving
 
 
 @dataclass(frozen=True)
@@ -109,7 +108,7 @@ class WebhookReceiver:
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         receiver = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(StampsArrivals):
             def do_POST(self) -> None:
                 receiver._holding(1)
                 try:
@@ -125,7 +124,7 @@ class WebhookReceiver:
 
             def _take(self) -> Reply:
                 """Read and record the request, and wait as told: the reply to give."""
-                arrived = clock.now_ms()
+                arrived = self.arrived_ns // 1_000_000  # its first bytes, by the kernel
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 reply = receiver._reply_to(self.path)
                 arrival = Arrival(
