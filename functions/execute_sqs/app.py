@@ -1,6 +1,6 @@
-"""The sqs executor: gate to the due millisecond, then act once (see tocsin.executor)."""
+"""The sqs executor: gate to the due millisecond, then act once (see tocsin.fire)."""
 
-from tocsin.executor import executor_handler
+from tocsin.fire.executor import executor_handler
 from tocsin.model import TaskType
 
 handler = executor_handler(TaskType.SQS)

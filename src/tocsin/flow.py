@@ -7,11 +7,11 @@ of that key, across every executor invocation at once.
     claimed them, each at its due time or the first free slot after it. A task so held
     past its due time has its slot written on it (`planned_ms`): the API shows when it
     will fire, a retry of its invocation keeps it, and a slot later than the invocation
-    can wait for goes to an execution of its own that wakes for it (`tocsin.executor`);
+    can wait for goes to an execution of its own that wakes for it (`tocsin.fire`);
   - the sends: just before its gate, each send takes a slot of the key's sends, no
     earlier than its planned one (`RateLedger.ticket`: one write a send), and goes in it.
     One that its gate lets go later than SLOT_SLACK_MS past its slot (the CPU was busy)
-    takes one more (`tocsin.executor`): late sends do not bunch up, and what reaches a
+    takes one more (`tocsin.fire`): late sends do not bunch up, and what reaches a
     receiver in any second stays within the rate, whichever invocations send. A slot
     taken and not used is a gap, never a burst. A slot is taken when a send is ready (its
     lease held, if it needs one), not long before, so an executor that falls behind takes

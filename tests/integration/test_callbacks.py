@@ -22,7 +22,7 @@ from tests.conftest import (
 )
 from tocsin import aws, clock
 from tocsin.callbacks import callback_item
-from tocsin.executor import TableUnavailable
+from tocsin.fire.writes import TableUnavailable
 from tocsin.index_keys import LOOK_AFTER_MS
 from tocsin.local.dynamodb_process import Fault
 from tocsin.model import TaskStatus

@@ -79,7 +79,7 @@ def deployed() -> Iterator[tuple[dict[str, Any], dict[str, str]]]:
 
 def test_the_build_has_the_layer_with_the_package():
     layer = BUILT.parent / "TocsinLayer" / "python"
-    assert (layer / "tocsin" / "executor.py").is_file()
+    assert (layer / "tocsin" / "fire" / "executor.py").is_file()
     assert (layer / "aws_lambda_powertools").is_dir() and (layer / "pydantic").is_dir()
 
 

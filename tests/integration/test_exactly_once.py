@@ -32,7 +32,8 @@ from tests.conftest import (
 )
 from tocsin import aws, clock
 from tocsin.dispatch import execution_arn
-from tocsin.executor import DeliveryInProgress, TableUnavailable
+from tocsin.fire.executor import DeliveryInProgress
+from tocsin.fire.writes import TableUnavailable
 from tocsin.measure.chaos import finders_horizon_write, finders_in_step
 from tocsin.measure.cost import transitions
 from tocsin.settings import settings

@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import call_api, store_task, stored, wait_for_status, webhook_task
 from tocsin import clock
 from tocsin.cli import main
-from tocsin.executor import TableUnavailable
+from tocsin.fire.writes import TableUnavailable
 from tocsin.index_keys import LOOK_AFTER_MS
 from tocsin.local.stack import STACK_NAME
 from tocsin.reconcile import reconcile

@@ -9,7 +9,8 @@ import pytest
 
 from tocsin import clock
 from tocsin.errors import TransientTargetError
-from tocsin.executor import ClaimedTask, Failed, NoTimeToSend, fire
+from tocsin.fire.batch import ClaimedTask, Failed
+from tocsin.fire.sends import NoTimeToSend, fire
 from tocsin.targets.base import Delivery, Target
 
 LIMIT_S = 1.0

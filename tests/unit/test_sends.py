@@ -3,7 +3,8 @@ queue, topic or bus each; a task of another type, or one that cannot be fired, a
 
 import json
 
-from tocsin.executor import BatchTask, ClaimedTask, Failed, Held, sends
+from tocsin.fire.batch import BatchTask, ClaimedTask, Failed, Held
+from tocsin.fire.sends import sends
 from tocsin.targets.sqs import SqsTarget
 from tocsin.targets.webhook import WebhookTarget
 

@@ -10,7 +10,8 @@ from samtranslator.yaml_helper import yaml_parse
 
 from tocsin import aws
 from tocsin.dispatch import EXECUTORS, MAX_STAGGER_S
-from tocsin.executor import BACKOFF_S, FINISH_MARGIN_MS
+from tocsin.fire.executor import FINISH_MARGIN_MS
+from tocsin.fire.sends import BACKOFF_S
 from tocsin.local.stack import expand_language_extensions
 from tocsin.measure.cost import AWS_LEAD_MS
 from tocsin.model import MAX_ATTEMPTS_LIMIT, TaskType

@@ -31,8 +31,8 @@ from moto.core.exceptions import JsonRESTError
 
 from tocsin import aws, clock
 from tocsin.dispatch import Batch, due_task, execution_arn
-from tocsin.executor import TableUnavailable
 from tocsin.finder import HORIZON as FINDER_HORIZON
+from tocsin.fire.writes import TableUnavailable
 from tocsin.index_keys import LOOK_AFTER_MS
 from tocsin.local.dynamodb_process import Fault
 from tocsin.local.runtime import EmbeddedRuntime

@@ -1,0 +1,89 @@
+"""What an executor's batch holds: the tasks the state machine hands it (ids, versions, due
+milliseconds), each task once claimed (its target, its payload's bytes, its flow), and what
+became of a task that could not be fired."""
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from tocsin.callbacks import callback_key
+from tocsin.flow import Flow, Leases, RateLedger
+from tocsin.model import TASK_ID_PATTERN, TaskType, idempotency_key
+from tocsin.sent import Fired, Try
+from tocsin.targets import Delivery, Target
+
+
+class BatchTask(BaseModel):
+    task_id: str = Field(pattern=TASK_ID_PATTERN)
+    version: int = Field(ge=1)
+    due_ms: int
+    planned_ms: int = 0  # its flow's slot, when it was handed on to wake for it
+
+
+class BatchEvent(BaseModel):
+    """What the state machine passes: the execution, the type and the batch's ids."""
+
+    execution: str
+    task_type: TaskType
+    tasks: list[BatchTask] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class ClaimedTask:
+    task_id: str
+    version: int
+    due_ms: int
+    target: Target
+    payload_json: bytes  # UTF-8, as a webhook sends it: no copy of a 200 KB body per send
+    max_attempts: int
+    requeues: int = 0
+    flow: Flow | None = None  # the limits it shares with its key's tasks (tocsin.flow)
+    planned_ms: int = 0  # its flow's slot, when later than its due time
+    leases: Leases | None = None  # its flow's leases in this invocation, if it limits those
+    ledger: RateLedger | None = None  # where its flow's sends take their slots, if a rate
+
+    @property
+    def fires_ms(self) -> int:
+        """When its gate lets it go: its due time, or its flow's slot."""
+        return max(self.due_ms, self.planned_ms)
+
+    def delivery(self) -> Delivery:
+        return Delivery(
+            task_id=self.task_id,
+            version=self.version,
+            idempotency_key=(
+                callback_key(self.task_id) or idempotency_key(self.task_id, self.version)
+            ),
+            payload_json=self.payload_json,
+        )
+
+    @cached_property
+    def entry(self) -> dict[str, Any]:
+        """Its entry of a batched target's call, built once: `sends` sizes it, `_call`
+        sends it (its envelope re-encodes a payload of up to 200 KB)."""
+        return self.target.entry(self.delivery())  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: str  # the failure's kind, as the stored error's "Error"
+    cause: str
+    attempts: int
+    tries: tuple[Try, ...] = ()  # the attempts that failed, the last one among them
+
+
+Recorded = tuple[Fired | Failed, bool]  # a task's outcome, and whether its mark was written
+
+
+@dataclass(frozen=True)
+class Held:
+    """A task this invocation claimed: what to fire (or why it cannot be), and whether an
+    earlier invocation held it (taken over, or requeued by the reconciler), which may have
+    sent it: the sent log is read before sending it again."""
+
+    asked: BatchTask
+    task: ClaimedTask | Failed
+    held_before: bool
+    ending: dict[str, Any] | None = None  # what its callbacks need of it, if it names any

@@ -1,0 +1,95 @@
+"""Claims: the exactly-once lock taken on every task of a batch at once, the claimed items
+read, and the hold let go when the invocation fails before finishing them."""
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+from pydantic import ValidationError
+
+from tocsin import clock
+from tocsin.callbacks import needed
+from tocsin.errors import Busy
+from tocsin.fire.batch import BatchEvent, BatchTask, ClaimedTask, Failed, Held
+from tocsin.fire.writes import TableUnavailable, written
+from tocsin.flow import flow_of
+from tocsin.model import DEFAULT_MAX_ATTEMPTS, TaskType
+from tocsin.observability import logger
+from tocsin.store import Claim, Holder, TaskStore
+from tocsin.targets import parse_target
+
+CLAIM_WORKERS = 32
+
+
+def claim_batch(
+    store: TaskStore, batch: BatchEvent, holder: Holder, deadline_ms: int
+) -> tuple[list[Held], list[str]]:
+    """Claim every task of the batch at once: the ones this invocation holds now, and the
+    ids a live invocation of this execution holds (`DeliveryInProgress`). If a claim cannot
+    be written, the tasks claimed are let go before `TableUnavailable` is raised, and so
+    are those whose claims went unanswered: a write answered with a 500 or not answered at
+    all may have gone through (a let-go is conditional on this attempt)."""
+
+    def claim(asked: BatchTask) -> Claim:
+        return written(
+            asked.task_id,
+            deadline_ms,
+            lambda: store.claim(asked.task_id, asked.version, holder, clock.now_ms()),
+        )
+
+    with ThreadPoolExecutor(max_workers=min(CLAIM_WORKERS, len(batch.tasks))) as pool:
+        futures = [pool.submit(claim, asked) for asked in batch.tasks]
+    failed = next((f.exception() for f in futures if f.exception() is not None), None)
+    claims = [
+        (asked, f.result())
+        for asked, f in zip(batch.tasks, futures, strict=True)
+        if not f.exception()
+    ]
+    won = [(asked, claim) for asked, claim in claims if claim.before is not None]
+    if failed is not None:  # a claim not answered may have been written all the same
+        unanswered = [a for a, f in zip(batch.tasks, futures, strict=True) if f.exception()]
+        let_go(store, holder, [asked for asked, _ in won] + unanswered)
+        raise failed
+    try:  # the bodies kept apart, read at once (one BatchGetItem a hundred)
+        items = store.whole([claim.before for _, claim in won])  # type: ignore[misc]
+    except (BotoCoreError, ClientError, Busy) as fault:
+        let_go(store, holder, [asked for asked, _ in won])
+        raise TableUnavailable(f"bodies: {type(fault).__name__}") from fault
+    held = []
+    for (asked, claim), item in zip(won, items, strict=True):
+        task = _claimed(item, asked, batch.task_type)
+        held.append(Held(asked, task, claim.taken_over or "requeues" in item, needed(item)))
+        item.clear()  # its payload's text goes now: a batch's bodies are held once, as bytes
+    return held, [asked.task_id for asked, claim in claims if claim.in_progress]
+
+
+def _claimed(item: dict[str, Any], asked: BatchTask, task_type: TaskType) -> ClaimedTask | Failed:
+    """The claimed item as a task to fire; a stored task that does not parse fails for good."""
+    try:
+        if item["task_type"] != task_type:
+            raise ValueError(f"a {item['task_type']} task reached the {task_type} executor")
+        return ClaimedTask(
+            task_id=asked.task_id,
+            version=asked.version,
+            due_ms=asked.due_ms,
+            target=parse_target(task_type, json.loads(item["target"])),
+            payload_json=item["payload"].encode(),
+            max_attempts=int(item.get("max_attempts", DEFAULT_MAX_ATTEMPTS)),
+            requeues=int(item.get("requeues", 0)),
+            flow=flow_of(item),
+            planned_ms=int(item.get("planned_ms", 0)),
+        )
+    except (ValidationError, KeyError, ValueError, TypeError, AttributeError) as error:
+        return Failed("PermanentTargetError", f"malformed stored task: {error}", 0)
+
+
+def let_go(store: TaskStore, holder: Holder, tasks: list[BatchTask]) -> None:
+    """End this invocation's hold on `tasks` (it is failing before finishing them), so that
+    the retry takes them over at once rather than after the invocation's time. Once each,
+    unchecked: a hold not let go ends with the invocation's time all the same."""
+    for asked in tasks:
+        try:
+            store.let_go(asked.task_id, asked.version, holder.attempt)
+        except (BotoCoreError, ClientError) as fault:
+            logger.warning("hold not let go", task_id=asked.task_id, fault=type(fault).__name__)

@@ -1,0 +1,106 @@
+"""Marks: each task's outcome recorded on it (the sent marker: SUCCEEDED, or FAILED and its
+dead letter), with the callback task it owes, and what the invocation reports of them."""
+
+import json
+from collections import Counter
+from typing import Any
+
+from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
+
+from tocsin import clock
+from tocsin.callbacks import callback_item
+from tocsin.dead_letter import send_letter
+from tocsin.fire.batch import BatchEvent, BatchTask, ClaimedTask, Failed, Held, Recorded
+from tocsin.fire.writes import answered_by, written
+from tocsin.index_keys import owed_letter_keys
+from tocsin.model import TaskStatus
+from tocsin.observability import logger, metrics
+from tocsin.sent import Fired
+from tocsin.settings import settings
+from tocsin.store import Holder, TaskStore
+
+MARK_MARGIN_MS = 1000  # kept back from the final marks' retries for a dead letter and the reply
+
+
+def finish(
+    store: TaskStore,
+    batch: BatchEvent,
+    holder: Holder,
+    each: Held,
+    outcome: Fired | Failed,
+    deadline_ms: int,
+    callbacks: list[dict[str, Any]],
+) -> bool:
+    """Record the outcome on the task, with the callback task it owes so ended, if any
+    (added to `callbacks` once written, to be started); a failure also goes to the
+    dead-letter queue (or is left owed, for the reconciler: a letter that cannot go out
+    fails no other task)."""
+    asked = each.asked
+    expires_at = settings().expires_at(asked.due_ms)
+    fields: dict[str, Any] = {"attempts": outcome.attempts, "expires_at": expires_at}
+    if outcome.tries:  # written only when an attempt failed: a first send adds nothing
+        fields["tries"] = json.dumps(outcome.tries)
+    if isinstance(outcome, Fired):
+        status = TaskStatus.SUCCEEDED
+        fields["fired_at"] = clock.to_iso(outcome.fired_ms)
+        fields["lateness_ms"] = outcome.fired_ms - asked.due_ms
+        fields["result"] = json.dumps(outcome.result)
+        if isinstance(each.task, ClaimedTask) and each.task.flow:
+            fields["held_ms"] = outcome.held_ms
+    else:
+        status = TaskStatus.FAILED
+        error = {"Error": outcome.error, "Cause": outcome.cause}
+        fields["error"] = json.dumps(error)
+        fields |= owed_letter_keys(asked.task_id, clock.now_ms(), settings())
+    callback = None
+    if each.ending is not None:
+        callback = callback_item(
+            each.ending, status, fields, clock.now_ms(), deadline_ms, settings()
+        )
+    finished = written(
+        asked.task_id,
+        deadline_ms,
+        lambda: answered_by(
+            deadline_ms,
+            lambda: store.finish(
+                asked.task_id, asked.version, holder.attempt, status, fields, callback
+            ),
+        ),
+    )
+    if finished and callback:
+        callbacks.append(callback)
+    if isinstance(outcome, Failed) and finished:
+        send_letter(store, asked.task_id, asked.version, batch.task_type, batch.execution, error)
+    return finished
+
+
+def report(asked: BatchTask, outcome: Fired | Failed, counts: Counter[str]) -> None:
+    if isinstance(outcome, Failed):
+        counts["failed"] += 1
+        metrics.add_metric(name="Failed", unit=MetricUnit.Count, value=1)
+        logger.info("failed", task_id=asked.task_id, version=asked.version, error=outcome.error)
+        return
+    lateness_ms = outcome.fired_ms - asked.due_ms
+    counts["fired"] += 1
+    metrics.add_metric(name="Fired", unit=MetricUnit.Count, value=1)
+    metrics.add_metric(name="LatenessMs", unit=MetricUnit.Milliseconds, value=lateness_ms)
+    logger.info("fired", task_id=asked.task_id, version=asked.version, lateness_ms=lateness_ms)
+    if outcome.held_ms:
+        counts["held"] += 1
+
+
+def report_flows(done: list[tuple[Held, Recorded | BaseException]]) -> None:
+    """Per flow key, the tasks its limits held past their due time and the longest hold,
+    as metrics of their own (the key a dimension)."""
+    held: dict[str, list[int]] = {}
+    for each, recorded in done:
+        task, outcome = each.task, recorded[0]  # type: ignore[index]
+        if isinstance(task, ClaimedTask) and task.flow and isinstance(outcome, Fired):
+            held.setdefault(task.flow.key, []).append(outcome.held_ms)
+    for key, held_ms in held.items():  # one metric set a key: its dimension is the key's
+        per_key = EphemeralMetrics(namespace=metrics.namespace, service=metrics.service)
+        per_key.add_dimension(name="FlowKey", value=key)
+        held_count = sum(1 for ms in held_ms if ms > 0)
+        per_key.add_metric(name="FlowHeld", unit=MetricUnit.Count, value=held_count)
+        per_key.add_metric(name="FlowHeldMs", unit=MetricUnit.Milliseconds, value=max(held_ms))
+        per_key.flush_metrics()

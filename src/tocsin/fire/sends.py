@@ -1,0 +1,237 @@
+"""Sends: a batch's tasks in calls (a batched target's due together, ten to a call; any
+other alone), each prepared, gated to its millisecond (or its flow's slot), sent, and
+tried again after a backoff while its attempts and the invocation's time allow."""
+
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from tocsin import clock, gate
+from tocsin.errors import PermanentTargetError, TransientTargetError
+from tocsin.fire.batch import ClaimedTask, Failed, Held
+from tocsin.flow import SLOT_SLACK_MS, TICKET_AHEAD_MS, NoLeaseInTime
+from tocsin.model import BATCH_ENTRIES
+from tocsin.observability import logger
+from tocsin.sent import Fired, Try
+from tocsin.targets.base import BATCH_BYTES, Answer, BatchedTarget, entry_bytes
+
+BACKOFF_S = (0.5, 1.0, 2.0, 4.0)  # before the 2nd, 3rd, 4th and 5th attempt
+
+
+class HandOn(Exception):
+    """A task of a flow cannot be sent in this invocation's time (its slot is past it, or
+    no lease of its flow came free): it goes on, PENDING, to an execution that wakes at
+    `planned_ms`."""
+
+    def __init__(self, planned_ms: int):
+        super().__init__(planned_ms)
+        self.planned_ms = planned_ms
+
+
+class NoTimeToSend(Exception):
+    """A task of the batch was never tried and this invocation has no time left for one
+    attempt (a failed init took its time, say): a fresh invocation tries it."""
+
+
+def sends(held: list[Held]) -> list[list[Held]]:
+    """The calls a batch's tasks go out in: those of a batched target due in one
+    millisecond at one queue, topic or bus, ten to a call and 256 KiB at most (an entry
+    larger than that alone); any other task alone, as is each task of a flow (its limits
+    count sends). In the batch's order."""
+    calls: list[list[Held]] = []
+    open_calls: dict[tuple[int, type, str], tuple[list[Held], int]] = {}
+    for each in held:
+        task = each.task
+        if (
+            isinstance(task, Failed)
+            or not isinstance(task.target, BatchedTarget)
+            or task.flow is not None
+        ):
+            calls.append([each])
+            continue
+        key = (task.due_ms, type(task.target), task.target.batch_key())
+        size = entry_bytes(task.entry)
+        call, used = open_calls.get(key, ([], 0))
+        if not call or len(call) == BATCH_ENTRIES or used + size > BATCH_BYTES:
+            call, used = [], 0
+            calls.append(call)
+        call.append(each)
+        open_calls[key] = (call, used + size)
+    return calls
+
+
+def _deliver(tasks: list[ClaimedTask], lease_by_ms: int) -> tuple[int, int, list[Answer]]:
+    """Build the call, sleep to the due millisecond (or the flow's slot, and a lease of
+    its flow, if it needs one: waited for until `lease_by_ms`), then send: the time the
+    gate let go, how long the flow held the call past its due time, and each task's
+    answer."""
+    first = tasks[0]
+    try:
+        call = _targets_own(_call, tasks)  # before the gate: after it only the request is left
+        with _flow_turn(first, lease_by_ms) as (fired_ms, held_ms):
+            if gate.WATCH:
+                gate.WATCH.let_go()
+            return fired_ms, held_ms, _targets_own(call)
+    except (PermanentTargetError, TransientTargetError) as error:  # for the whole call
+        return clock.now_ms(), 0, [error] * len(tasks)
+
+
+# A send that needs a lease of its flow looks for one this long before its gate (a read and
+# a write of the key's lease items): a lease held through a long wait for a rate's slot
+# would keep it from the key's other sends.
+LEASE_AHEAD_MS = 100
+
+
+@contextmanager
+def _flow_turn(task: ClaimedTask, lease_by_ms: int) -> Iterator[tuple[int, int]]:
+    """Sleep until the task may be sent, and hold what its flow needs for the send: its
+    planned slot (its due time without a flow), a lease of its flow if it limits sends in
+    flight, and a slot of its flow's sends if it has a rate (`RateLedger.ticket`); a lease
+    not had by `lease_by_ms`, or a slot past it, hands the task on (`HandOn`), for a send
+    then could not end in this invocation's time. A gate late for its slot takes one more,
+    a moment ahead (the write done by then), and goes in that one however late: on a CPU
+    so busy that gates miss their slots again and again, taking a slot for each miss would
+    move the flow's slots ahead faster than its sends, and no send would go. The
+    millisecond its gate let go, and how long its flow held it: from its due time (or now,
+    if later: an invocation that comes late is not its flow's doing) to its slot or lease."""
+    came_ms = max(task.due_ms, clock.now_ms())
+    with _leased(task, task.fires_ms, lease_by_ms) as free_ms:
+        ready_ms = max(task.fires_ms, free_ms, came_ms)
+        if task.ledger is None:
+            yield gate.wait_until(ready_ms), ready_ms - came_ms
+            return
+        gate.wait_until(ready_ms - TICKET_AHEAD_MS)
+        ready_ms = max(ready_ms, clock.now_ms() + task.ledger.lead_ms())  # if already due
+        for last_try in (False, True):
+            slot_ms = task.ledger.ticket(task.flow, ready_ms)  # type: ignore[arg-type]
+            if slot_ms > lease_by_ms:  # a send then could not end in this invocation's time
+                raise HandOn(slot_ms)
+            fired_ms = gate.wait_until(slot_ms)
+            if fired_ms <= slot_ms + SLOT_SLACK_MS or last_try:
+                yield fired_ms, max(0, slot_ms - came_ms)
+                return
+            # The last try goes however late: its slot well ahead, so that it is on time.
+            ready_ms = fired_ms + TICKET_AHEAD_MS
+
+
+@contextmanager
+def _leased(task: ClaimedTask, slot_ms: int, by_ms: int) -> Iterator[int]:
+    """A lease of the task's flow held for its send in `slot_ms`, if it limits sends in
+    flight: the millisecond one was free (0 when it needs none)."""
+    if task.leases is None:
+        yield 0
+        return
+    gate.wait_until(slot_ms - LEASE_AHEAD_MS)
+    try:
+        with task.leases.sending(by_ms) as free_ms:
+            yield free_ms
+    except NoLeaseInTime:
+        raise HandOn(clock.now_ms()) from None
+
+
+def _call(tasks: list[ClaimedTask]) -> Callable[[], list[Answer]]:
+    """The call that sends `tasks`: a batched target's tasks in one, any other's alone."""
+    target = tasks[0].target
+    if not isinstance(target, BatchedTarget):
+        [delivery] = [task.delivery() for task in tasks]
+        return lambda: [target.send(delivery)]
+    entries = [task.entry for task in tasks]
+    return lambda: type(target).send_entries(target.batch_key(), entries)
+
+
+Returned = TypeVar("Returned")
+
+
+def _targets_own(call: Callable[..., Returned], *args: Any) -> Returned:
+    """A target's call, whose unforeseen error (a host the resolver cannot encode, a bug)
+    fails its tasks alone, for good: raised, it would fail the whole batch's invocation,
+    and each retry would meet it again."""
+    try:
+        return call(*args)
+    except (PermanentTargetError, TransientTargetError):
+        raise
+    except Exception as error:  # logged by name and place: its message may hold the target
+        place = traceback.extract_tb(error.__traceback__)[-1]
+        where = f"{place.filename.rsplit('/', 1)[-1]}:{place.lineno}"
+        logger.error("unforeseen target error", error=type(error).__name__, where=where)
+        raise PermanentTargetError(f"unforeseen {type(error).__name__} in the target") from error
+
+
+def fire(tasks: list[ClaimedTask], deadline_ms: int) -> list[Fired | Failed]:
+    """Prepare, gate and send tasks due in one millisecond that share a call (`sends`), or
+    one task alone; transient failures again after a backoff, while attempts allow another
+    and it can end before `deadline_ms` (one attempt may take the target's
+    `attempt_limit_s`: an invocation killed mid-attempt may have acted unrecorded, and
+    its retry would act again). Each task's outcome, in order."""
+    due_ms, limit_ms = tasks[0].fires_ms, int(tasks[0].target.attempt_limit_s * 1000)
+    outcomes: dict[int, Fired | Failed] = {}
+    tries: list[list[Try]] = [[] for _ in tasks]  # each failed attempt, when and why
+    pending, prepared, attempts, fired_ms, held_ms = list(range(len(tasks))), set(), 0, due_ms, 0
+
+    def failed(i: int, cause: str) -> None:
+        outcomes[i] = Failed("PermanentTargetError", cause, attempts, tuple(tries[i]))
+
+    while pending:
+        if max(clock.now_ms(), due_ms) + limit_ms > deadline_ms:  # it begins at the gate
+            if not attempts:  # never tried: a fresh invocation will have the time
+                raise NoTimeToSend(", ".join(task.task_id for task in tasks))
+            for i in pending:
+                failed(i, f"out of time after {attempts} attempts")
+            break
+        attempts += 1
+        began_ms = max(clock.now_ms(), due_ms)
+        answers: dict[int, Answer] = {}
+        for i in pending:
+            if i not in prepared:
+                try:
+                    _targets_own(tasks[i].target.prepare)
+                    prepared.add(i)
+                except (PermanentTargetError, TransientTargetError) as error:
+                    answers[i] = error
+        ready = [i for i in pending if i not in answers]
+        if ready and max(clock.now_ms(), due_ms) + limit_ms > deadline_ms:
+            attempts -= 1  # preparing took the time an attempt needed
+            continue
+        if ready:
+            lease_by_ms = deadline_ms - limit_ms
+            try:
+                fired_ms, held_ms, sent = _deliver([tasks[i] for i in ready], lease_by_ms)
+            except HandOn:  # a flow's task, alone in its call
+                if attempts == 1:  # never sent: it goes on with all its attempts ahead
+                    raise
+                attempts -= 1  # a retry its flow could not let go in time: out of time, as
+                for i in pending:  # any retry, its tries kept (going on, it would start over)
+                    failed(i, f"out of time after {attempts} attempts: its flow had no turn")
+                break
+            answers.update(zip(ready, sent, strict=True))
+        pending = []
+        for i, answer in sorted(answers.items()):
+            if isinstance(answer, dict):
+                outcomes[i] = Fired(fired_ms, answer, attempts, tuple(tries[i]), held_ms)
+                continue
+            tries[i].append(_failed_try(began_ms, answer))
+            if isinstance(answer, PermanentTargetError):
+                failed(i, str(answer))
+            elif attempts >= tasks[i].max_attempts:
+                failed(i, f"gave up after {attempts} attempts: {answer}")
+            else:
+                pending.append(i)
+        if pending:
+            pause_s = BACKOFF_S[min(attempts, len(BACKOFF_S)) - 1]
+            if clock.now_ms() + pause_s * 1000 + limit_ms > deadline_ms:
+                for i in pending:
+                    failed(i, f"out of time after {attempts} attempts: {answers[i]}")
+                break
+            time.sleep(pause_s)
+    return [outcomes[i] for i in range(len(tasks))]
+
+
+# A failed attempt's error as its history keeps it: enough to tell why, and a task's item
+# stays small whatever a target answers (max_attempts is 5 at most).
+TRY_ERROR_CHARS = 300
+
+
+def _failed_try(began_ms: int, error: Exception) -> Try:
+    return {"at": clock.to_iso(began_ms), "error": str(error)[:TRY_ERROR_CHARS]}
