@@ -14,10 +14,9 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-from tocsin.settings import CONNECT_TIMEOUT_S
+from tocsin.settings import CONNECT_TIMEOUT_S, READ_TIMEOUT_S
 
 _lock = threading.Lock()
-READ_TIMEOUT_S = 10.0
 TARGET_RETRIES = 1
 MAX_ATTEMPTS = 5  # botocore's tries of one call of our own clients (`client`, `resource`)
 # One send to an AWS target at most: every try connecting and waiting its longest, and
@@ -49,12 +48,23 @@ def _cached(service: str, kind: str, retry_mode: str, max_attempts: int) -> Any:
         read_timeout=READ_TIMEOUT_S if kind == "target" else _read_timeout_s(),
     )
     factory = boto3.resource if kind == "resource" else boto3.client
-    made = factory(service, config=config)
+    if kind != "target":
+        made = factory(service, config=config)
+    else:  # its calls in a turn are written at their gates (tocsin.targets.aws_call)
+        from tocsin.targets import aws_call
+
+        made = factory(service, config=config, endpoint_url=os.environ.get(TARGET_ENDPOINT))
+        made.meta.events.register_first("before-send", aws_call.send_on_the_wire)
     # botocore builds a client's exception classes on first use, unlocked: two threads there
     # at once can get different classes, and `except client.exceptions.X` then misses the X
     # the client raises. Build them now, under the caller's lock.
     (made.meta.client if kind == "resource" else made).exceptions  # noqa: B018
     return made
+
+
+# Where target clients send, if not to AWS: the embedded runtime's moto endpoint
+# (`tocsin.local.moto_endpoint`), whose requests moto answers as AWS would. Unset on AWS.
+TARGET_ENDPOINT = "TOCSIN_TARGET_ENDPOINT_URL"
 
 
 def client(service: str, retry_mode: str = "standard", max_attempts: int = MAX_ATTEMPTS) -> Any:

@@ -20,8 +20,8 @@ class Watch(Protocol):
     def let_go(self) -> None:
         """A send's gate let it go."""
 
-    def written(self) -> None:
-        """A send's bytes are written (a call's, for a batched type)."""
+    def written(self, sends: int) -> None:
+        """`sends` sends' bytes are written (a call's, for a batched type)."""
 
 
 WATCH: Watch | None = None

@@ -7,7 +7,6 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-import urllib3
 
 from tests.conftest import (
     runtime_with,
@@ -162,7 +161,7 @@ def test_dns_rebound_after_the_check_does_not_reach_loopback(guarded, listener, 
     The public host is a stand-in that refuses (no real network)."""
     asked = answer_for(monkeypatch, {"rebind.example.com": [PUBLIC, "127.0.0.1"]})
     connected_to: list[str] = []
-    real_connect = urllib3.util.connection.create_connection
+    real_connect = socket.create_connection
 
     def internet(address, *args, **kwargs):
         if address[1] == listener.port:  # the webhook's, not the local DynamoDB's
@@ -171,7 +170,7 @@ def test_dns_rebound_after_the_check_does_not_reach_loopback(guarded, listener, 
             raise ConnectionRefusedError(f"{PUBLIC} refused (stand-in)")
         return real_connect(address, *args, **kwargs)
 
-    monkeypatch.setattr(urllib3.util.connection, "create_connection", internet)
+    monkeypatch.setattr(socket, "create_connection", internet)
     url = f"https://rebind.example.com:{listener.port}/hook"
     body = webhook_task(url, clock.now_ms() + 1000, "rebound") | {"max_attempts": 1}
     assert submit(guarded, body)[0] == 201

@@ -46,6 +46,7 @@ def test_webhook_fires_once_at_due_time_with_payload_and_signature(runtime, rece
     assert arrival.idempotency_key == "once:1"
     secret = boto3.client("secretsmanager").get_secret_value(SecretId=settings().webhook_secret_arn)
     assert Webhook(secret["SecretString"]).verify(arrival.body, arrival.headers) == payload
+    assert int(arrival.headers["webhook-timestamp"]) == due // 1000  # signed for its second
     assert int(item["lateness_ms"]) >= 0
     assert clock.to_iso(due) <= item["fired_at"]
 

@@ -9,6 +9,7 @@ import pytest
 
 from tocsin import clock
 from tocsin.errors import TransientTargetError
+from tocsin.fire import wire
 from tocsin.fire.batch import ClaimedTask, Failed
 from tocsin.fire.sends import NoTimeToSend, fire
 from tocsin.targets.base import Delivery, Target
@@ -25,7 +26,8 @@ class SlowTarget(Target):
     def attempt_limit_s(self) -> float:
         return LIMIT_S
 
-    def send(self, delivery: Delivery) -> dict[str, Any]:
+    def send(self, delivery: Delivery, turn: wire.Turn = wire.NOW) -> dict[str, Any]:
+        turn.at_gate()  # as a send's request waits for its turn
         self.sends.append(clock.now_ms())
         raise TransientTargetError("503")
 

@@ -171,6 +171,8 @@ def executor_handler(task_type: TaskType) -> Callable[[dict[str, Any], LambdaCon
     aws.client("sqs")  # dead letters
     for service in TARGETS[task_type].aws_services:
         aws.target_client(service)
+    for service in TARGETS[task_type].own_services:
+        aws.client(service)
 
     @logger.inject_lambda_context(clear_state=True)
     @metrics.log_metrics

@@ -6,10 +6,12 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from tocsin import clock, gate
 from tocsin.errors import PermanentTargetError, TransientTargetError
+from tocsin.fire import wire
 from tocsin.fire.batch import ClaimedTask, Failed, Held
 from tocsin.flow import SLOT_SLACK_MS, TICKET_AHEAD_MS, NoLeaseInTime
 from tocsin.model import BATCH_ENTRIES
@@ -63,19 +65,15 @@ def sends(held: list[Held]) -> list[list[Held]]:
 
 
 def _deliver(tasks: list[ClaimedTask], lease_by_ms: int) -> tuple[int, int, list[Answer]]:
-    """Build the call, sleep to the due millisecond (or the flow's slot, and a lease of
-    its flow, if it needs one: waited for until `lease_by_ms`), then send: the time the
-    gate let go, how long the flow held the call past its due time, and each task's
-    answer."""
-    first = tasks[0]
+    """Build the call's request whole, then have the wire write it at its turn (its due
+    millisecond, or its flow's slot and lease: `_Turn`): the millisecond it was written,
+    how long the flow held the call past its due time, and each task's answer."""
+    turn = _Turn(tasks[0], lease_by_ms)
     try:
-        call = _targets_own(_call, tasks)  # before the gate: after it only the request is left
-        with _flow_turn(first, lease_by_ms) as (fired_ms, held_ms):
-            if gate.WATCH:
-                gate.WATCH.let_go()
-            return fired_ms, held_ms, _targets_own(call)
+        answers = _targets_own(_call, turn, tasks, turn=turn)
     except (PermanentTargetError, TransientTargetError) as error:  # for the whole call
         return clock.now_ms(), 0, [error] * len(tasks)
+    return turn.went_ms, turn.held_ms, answers
 
 
 # A send that needs a lease of its flow looks for one this long before its gate (a read and
@@ -84,36 +82,69 @@ def _deliver(tasks: list[ClaimedTask], lease_by_ms: int) -> tuple[int, int, list
 LEASE_AHEAD_MS = 100
 
 
-@contextmanager
-def _flow_turn(task: ClaimedTask, lease_by_ms: int) -> Iterator[tuple[int, int]]:
-    """Sleep until the task may be sent, and hold what its flow needs for the send: its
-    planned slot (its due time without a flow), a lease of its flow if it limits sends in
-    flight, and a slot of its flow's sends if it has a rate (`RateLedger.ticket`); a lease
-    not had by `lease_by_ms`, or a slot past it, hands the task on (`HandOn`), for a send
-    then could not end in this invocation's time. A gate late for its slot takes one more,
-    a moment ahead (the write done by then), and goes in that one however late: on a CPU
-    so busy that gates miss their slots again and again, taking a slot for each miss would
-    move the flow's slots ahead faster than its sends, and no send would go. The
-    millisecond its gate let go, and how long its flow held it: from its due time (or now,
-    if later: an invocation that comes late is not its flow's doing) to its slot or lease."""
-    came_ms = max(task.due_ms, clock.now_ms())
-    with _leased(task, task.fires_ms, lease_by_ms) as free_ms:
-        ready_ms = max(task.fires_ms, free_ms, came_ms)
-        if task.ledger is None:
-            yield gate.wait_until(ready_ms), ready_ms - came_ms
-            return
-        gate.wait_until(ready_ms - TICKET_AHEAD_MS)
-        ready_ms = max(ready_ms, clock.now_ms() + task.ledger.lead_ms())  # if already due
-        for last_try in (False, True):
-            slot_ms = task.ledger.ticket(task.flow, ready_ms)  # type: ignore[arg-type]
-            if slot_ms > lease_by_ms:  # a send then could not end in this invocation's time
-                raise HandOn(slot_ms)
-            fired_ms = gate.wait_until(slot_ms)
-            if fired_ms <= slot_ms + SLOT_SLACK_MS or last_try:
-                yield fired_ms, max(0, slot_ms - came_ms)
-                return
-            # The last try goes however late: its slot well ahead, so that it is on time.
-            ready_ms = fired_ms + TICKET_AHEAD_MS
+class _Turn:
+    """A call's turn (`wire.Turn`): its request is written at its due millisecond, or as its
+    flow lets it go. The flow's needs are held for the send: its planned slot, a lease of
+    its flow if it limits sends in flight, and a slot of its flow's sends if it has a rate
+    (`RateLedger.ticket`); a lease not had by `lease_by_ms`, or a slot past it, hands the
+    task on (`HandOn`), for a send then could not end in this invocation's time. A request
+    the wire would write late for its slot is not written: it takes one more, a moment
+    ahead (the write done by then), and goes in that one however late: on a CPU so busy
+    that gates miss their slots again and again, taking a slot for each miss would move
+    the flow's slots ahead faster than its sends, and no send would go.
+
+    It keeps the millisecond its request was written, and how long its flow held it: from
+    its due time (or its coming, if later: an invocation that comes late is not its flow's
+    doing) to its slot or lease."""
+
+    def __init__(self, task: ClaimedTask, lease_by_ms: int):
+        self.task, self.lease_by_ms = task, lease_by_ms
+        self.went_ms = self.held_ms = 0
+        self.raised: BaseException | None = None  # what the turn raised, not the target
+
+    @property
+    def fires_ms(self) -> int:
+        return self.task.fires_ms
+
+    def at_gate(self) -> None:
+        gate.wait_until(self.task.fires_ms)
+
+    def send(self, sent: wire.Sent) -> wire.Sent:
+        try:
+            return self._send(sent)
+        except BaseException as error:  # HandOn, or the embedded runtime's stop
+            self.raised = error
+            raise
+
+    def _send(self, sent: wire.Sent) -> wire.Sent:
+        task = self.task
+        came_ms = max(task.due_ms, clock.now_ms())
+        with _leased(task, task.fires_ms, self.lease_by_ms) as free_ms:
+            ready_ms = max(task.fires_ms, free_ms, came_ms)
+            if task.ledger is None:
+                return self._written(sent, ready_ms, None, ready_ms - came_ms)
+            gate.wait_until(ready_ms - TICKET_AHEAD_MS)
+            ready_ms = max(ready_ms, clock.now_ms() + task.ledger.lead_ms())  # if already due
+            for last_try in (False, True):
+                slot_ms = task.ledger.ticket(task.flow, ready_ms)  # type: ignore[arg-type]
+                if slot_ms > self.lease_by_ms:  # a send then could not end in this time
+                    raise HandOn(slot_ms)
+                slack_ms = None if last_try else SLOT_SLACK_MS
+                done = self._written(sent, slot_ms, slack_ms, max(0, slot_ms - came_ms))
+                if not done.missed:
+                    return done
+                # The last try goes however late: its slot well ahead, so that it is on time.
+                ready_ms = clock.now_ms() + TICKET_AHEAD_MS
+        raise AssertionError("unreachable")
+
+    def _written(
+        self, sent: wire.Sent, at_ms: int, slack_ms: int | None, held_ms: int
+    ) -> wire.Sent:
+        done = wire.WIRE.send(replace(sent, fires_ms=at_ms, slack_ms=slack_ms))
+        if done.stopped is not None:
+            raise done.stopped
+        self.went_ms, self.held_ms = done.written_ms or clock.now_ms(), held_ms
+        return done
 
 
 @contextmanager
@@ -131,28 +162,30 @@ def _leased(task: ClaimedTask, slot_ms: int, by_ms: int) -> Iterator[int]:
         raise HandOn(clock.now_ms()) from None
 
 
-def _call(tasks: list[ClaimedTask]) -> Callable[[], list[Answer]]:
-    """The call that sends `tasks`: a batched target's tasks in one, any other's alone."""
+def _call(turn: _Turn, tasks: list[ClaimedTask]) -> list[Answer]:
+    """Send `tasks` in their turn: a batched target's tasks in one call, any other's alone."""
     target = tasks[0].target
     if not isinstance(target, BatchedTarget):
-        [delivery] = [task.delivery() for task in tasks]
-        return lambda: [target.send(delivery)]
+        [task] = tasks
+        return [target.send(task.delivery(), turn)]
     entries = [task.entry for task in tasks]
-    return lambda: type(target).send_entries(target.batch_key(), entries)
+    return type(target).send_entries(target.batch_key(), entries, turn)
 
 
 Returned = TypeVar("Returned")
 
 
-def _targets_own(call: Callable[..., Returned], *args: Any) -> Returned:
+def _targets_own(call: Callable[..., Returned], *args: Any, turn: _Turn | None = None) -> Returned:
     """A target's call, whose unforeseen error (a host the resolver cannot encode, a bug)
     fails its tasks alone, for good: raised, it would fail the whole batch's invocation,
-    and each retry would meet it again."""
+    and each retry would meet it again. What its turn raised is raised as it is."""
     try:
         return call(*args)
     except (PermanentTargetError, TransientTargetError):
         raise
     except Exception as error:  # logged by name and place: its message may hold the target
+        if turn is not None and error is turn.raised:
+            raise
         place = traceback.extract_tb(error.__traceback__)[-1]
         where = f"{place.filename.rsplit('/', 1)[-1]}:{place.lineno}"
         logger.error("unforeseen target error", error=type(error).__name__, where=where)

@@ -52,8 +52,9 @@ class MotoEndpoint:
 
 
 @contextmanager
-def serving_moto(tls: ssl.SSLContext) -> Iterator[MotoEndpoint]:
-    """moto on a local port over TLS; yields the endpoint (its URL for AWS_ENDPOINT_URL)."""
+def serving_moto(tls: ssl.SSLContext | None) -> Iterator[MotoEndpoint]:
+    """moto on a local port, over TLS if given a context; yields the endpoint (its URL for
+    AWS_ENDPOINT_URL)."""
     from botocore.awsrequest import AWSPreparedRequest
     from botocore.compat import HTTPHeaders
     from moto.core.models import botocore_stubber
@@ -120,5 +121,6 @@ def serving_moto(tls: ssl.SSLContext) -> Iterator[MotoEndpoint]:
     server = LocalServer(("127.0.0.1", 0), Handler)
     server.tls = tls
     with serving_in_thread(server, "moto-endpoint"):
-        endpoint.url = f"https://127.0.0.1:{server.server_address[1]}"
+        scheme = "https" if tls else "http"
+        endpoint.url = f"{scheme}://127.0.0.1:{server.server_address[1]}"
         yield endpoint

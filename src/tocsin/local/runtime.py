@@ -225,6 +225,7 @@ class EmbeddedRuntime:
         moto_patches.shared_service_models()
         self._patch_backends()
         self._put_gates_first()
+        self._serve_targets_moto()
         self._forget_process_caches()
         template, self._code_dirs = translate(self.root / "template.yaml", self.parameters)
         self.template = template
@@ -269,6 +270,16 @@ class EmbeddedRuntime:
                 self._drain_invocations(END_INVOCATIONS_S)
         self._exits.close()
         self._forget_process_caches()
+
+    def _serve_targets_moto(self) -> None:
+        """Target clients send to moto over HTTP (`tocsin.local.moto_endpoint`), as they
+        send to AWS: their requests are written by the wire, on connections of their own,
+        which moto's in-process hook never sees (`tocsin.aws.TARGET_ENDPOINT`)."""
+        from tocsin import aws
+        from tocsin.local import moto_endpoint
+
+        targets = self._exits.enter_context(moto_endpoint.serving_moto(None))
+        os.environ[aws.TARGET_ENDPOINT] = targets.url  # restored at the stop, as all of them
 
     def _collect_less(self) -> None:
         """Until the stop, young objects are collected less often: the start makes hundreds
@@ -423,6 +434,7 @@ class EmbeddedRuntime:
         """Executors run in processes of their own, under Lambda's limits
         (`tocsin.local.sandbox`); they reach moto's services here and the DynamoDB process
         over HTTPS, as an executor reaches AWS (`tocsin.local.tls`)."""
+        from tocsin import aws
         from tocsin.local import moto_endpoint, sandbox, tls
 
         authority = tls.authority()
@@ -430,6 +442,7 @@ class EmbeddedRuntime:
         self.moto_endpoint = self._exits.enter_context(moto)
         dynamodb = self._exits.enter_context(tls.terminating(self.dynamodb.wait_until_ready()))
         environment = dict(os.environ) | authority.client_environment()
+        environment.pop(aws.TARGET_ENDPOINT)  # theirs is AWS_ENDPOINT_URL, over TLS
         environment |= {
             "AWS_ENDPOINT_URL": self.moto_endpoint.url,
             "AWS_ENDPOINT_URL_DYNAMODB": dynamodb,

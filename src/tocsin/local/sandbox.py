@@ -515,26 +515,6 @@ print(json.dumps({"wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "loops": n})
 # -- the child's side -------------------------------------------------------------------------
 
 
-def _written_by_urllib3(watch: "CgroupCpu") -> None:
-    """A send's bytes written through urllib3 (a webhook's request, or botocore's to a
-    target), where the fire path writes and reads in one call: each request urllib3 writes
-    to another host than the DynamoDB endpoint (claims and marks) tells `watch`."""
-    from urllib.parse import urlsplit
-
-    import urllib3.connection
-
-    tables = urlsplit(os.environ.get("AWS_ENDPOINT_URL_DYNAMODB", "")).port
-    request = urllib3.connection.HTTPConnection.request
-
-    def written(connection: Any, *args: Any, **kwargs: Any) -> Any:
-        sent = request(connection, *args, **kwargs)
-        if connection.port != tables:
-            watch.written()
-        return sent
-
-    urllib3.connection.HTTPConnection.request = written  # type: ignore[method-assign]
-
-
 CPUACCT_ENV = "TOCSIN_SANDBOX_CPUACCT"  # the child's cgroup's CPU counter (cpuacct.usage)
 
 
@@ -564,10 +544,10 @@ class CgroupCpu:
             if not self._first_ns:
                 self._first_ns = self._read()
 
-    def written(self) -> None:
+    def written(self, sends: int) -> None:
         with self._lock:
             self._last_ns = self._read()
-            self._sends += 1
+            self._sends += sends
 
     def figures(self) -> tuple[int, int]:
         """The CPU (ns) from the first gate to the last write, and the sends written."""
@@ -606,7 +586,6 @@ def _child(spec_json: str) -> None:
     from tocsin.observability import metrics
 
     watch = gate.WATCH = CgroupCpu(Path(os.environ[CPUACCT_ENV]))
-    _written_by_urllib3(watch)
     reply({"ready": True, "init_cpu_ms": round((time.process_time() - cpu0) * 1000)})
     while True:
         message = json.loads(inbox.get())

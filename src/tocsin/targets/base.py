@@ -10,6 +10,8 @@ from pydantic import BaseModel, ConfigDict
 
 from tocsin import aws
 from tocsin.errors import PermanentTargetError, TransientTargetError
+from tocsin.fire import wire
+from tocsin.targets import aws_call
 
 ACCOUNT_REGION = r"[a-z]{2}(-[a-z]+)+-\d:\d{12}"
 PARTITION = r"arn:aws(-[a-z]+)*"
@@ -49,7 +51,10 @@ class Target(BaseModel):
     BatchedTarget's tasks go out by `send_entries` instead, ten to a call)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    aws_services: ClassVar[tuple[str, ...]] = ()  # clients to create at init, not on the clock
+    # The clients to create at init, not on the clock: the target's own (its sends), and
+    # ours that its sends need (a webhook's signing secret).
+    aws_services: ClassVar[tuple[str, ...]] = ()
+    own_services: ClassVar[tuple[str, ...]] = ()
 
     @property
     def attempt_limit_s(self) -> float:
@@ -60,7 +65,8 @@ class Target(BaseModel):
     def prepare(self) -> None:
         """Work that can be done ahead of the due time (resolving, checking)."""
 
-    def send(self, delivery: Delivery) -> dict[str, Any]:
+    def send(self, delivery: Delivery, turn: wire.Turn = wire.NOW) -> dict[str, Any]:
+        """Build the request and write it at its `turn`; what came of it."""
         raise NotImplementedError(type(self).__name__)
 
 
@@ -87,9 +93,11 @@ class BatchedTarget(Target):
         raise NotImplementedError(type(self).__name__)
 
     @classmethod
-    def send_entries(cls, key: str, entries: list[dict[str, Any]]) -> list[Answer]:
-        """One call with `entries`: each entry's answer or error, in order. An error of the
-        whole call is raised (a TargetError, for every entry)."""
+    def send_entries(
+        cls, key: str, entries: list[dict[str, Any]], turn: wire.Turn = wire.NOW
+    ) -> list[Answer]:
+        """One call with `entries`, written at its `turn`: each entry's answer or error, in
+        order. An error of the whole call is raised (a TargetError, for every entry)."""
         raise NotImplementedError(cls.__name__)
 
 
@@ -109,10 +117,12 @@ class MessagesTarget(BatchedTarget):
     entries_parameter: ClassVar[str]
 
     @classmethod
-    def send_entries(cls, key: str, entries: list[dict[str, Any]]) -> list[Answer]:
+    def send_entries(
+        cls, key: str, entries: list[dict[str, Any]], turn: wire.Turn = wire.NOW
+    ) -> list[Answer]:
         numbered = [{"Id": str(i), **entry} for i, entry in enumerate(entries)]
         call = getattr(aws.target_client(cls.service), cls.operation)
-        with aws_target_errors():
+        with aws_target_call(turn):
             reply = call(**{cls.key_parameter: key, cls.entries_parameter: numbered})
         answers: list[Answer] = [TransientTargetError("no answer for this entry")] * len(entries)
         for done in reply.get("Successful", []):
@@ -125,10 +135,12 @@ class MessagesTarget(BatchedTarget):
 
 
 @contextmanager
-def aws_target_errors() -> Iterator[None]:
-    """Map what an AWS target API raises to the two failure kinds the state machine knows."""
+def aws_target_call(turn: wire.Turn) -> Iterator[None]:
+    """A call of an AWS target's client, made in `turn` (written at its gate by the wire:
+    `tocsin.targets.aws_call`); what it raises mapped to the two failure kinds."""
     try:
-        yield
+        with aws_call.through(turn):
+            yield
     except ClientError as error:
         message = f"{aws.error_code(error)}: {error}"
         if aws.is_transient(error):

@@ -6,7 +6,8 @@ from typing import Annotated, Any
 from pydantic import Field, StringConstraints
 
 from tocsin import aws
-from tocsin.targets.base import Delivery, Target, aws_target_errors
+from tocsin.fire import wire
+from tocsin.targets.base import Delivery, Target, aws_target_call
 
 EmailAddress = Annotated[
     str, StringConstraints(pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$", max_length=254)
@@ -19,10 +20,10 @@ class EmailTarget(Target):
     to: list[EmailAddress] = Field(min_length=1, max_length=50)
     subject: str = Field(min_length=1, max_length=998)
 
-    def send(self, delivery: Delivery) -> dict[str, Any]:
+    def send(self, delivery: Delivery, turn: wire.Turn = wire.NOW) -> dict[str, Any]:
         payload = json.loads(delivery.payload_json)
         text = payload if isinstance(payload, str) else json.dumps(payload, indent=2)
-        with aws_target_errors():
+        with aws_target_call(turn):
             reply = aws.target_client("ses").send_email(
                 Source=self.source,
                 Destination={"ToAddresses": self.to},

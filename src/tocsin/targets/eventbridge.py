@@ -6,13 +6,14 @@ from pydantic import Field, field_validator
 
 from tocsin import aws
 from tocsin.errors import PermanentTargetError, TransientTargetError
+from tocsin.fire import wire
 from tocsin.targets.base import (
     ACCOUNT_REGION,
     PARTITION,
     Answer,
     BatchedTarget,
     Delivery,
-    aws_target_errors,
+    aws_target_call,
 )
 
 _TRANSIENT_ENTRY_ERRORS = {"ThrottlingException", "InternalFailure", "InternalException"}
@@ -46,8 +47,10 @@ class EventBridgeTarget(BatchedTarget):
         }
 
     @classmethod
-    def send_entries(cls, key: str, entries: list[dict[str, Any]]) -> list[Answer]:
-        with aws_target_errors():
+    def send_entries(
+        cls, key: str, entries: list[dict[str, Any]], turn: wire.Turn = wire.NOW
+    ) -> list[Answer]:
+        with aws_target_call(turn):
             reply = aws.target_client("events").put_events(Entries=entries)
         return [_answer(result) for result in reply["Entries"]]
 

@@ -5,7 +5,8 @@ from typing import Any
 from pydantic import Field
 
 from tocsin import aws
-from tocsin.targets.base import ACCOUNT_REGION, PARTITION, Delivery, Target, aws_target_errors
+from tocsin.fire import wire
+from tocsin.targets.base import ACCOUNT_REGION, PARTITION, Delivery, Target, aws_target_call
 
 
 class LambdaTarget(Target):
@@ -15,8 +16,8 @@ class LambdaTarget(Target):
         r"(:[A-Za-z0-9_$-]{1,128})?$"
     )
 
-    def send(self, delivery: Delivery) -> dict[str, Any]:
-        with aws_target_errors():
+    def send(self, delivery: Delivery, turn: wire.Turn = wire.NOW) -> dict[str, Any]:
+        with aws_target_call(turn):
             reply = aws.target_client("lambda").invoke(
                 FunctionName=self.function_arn,
                 InvocationType="Event",
