@@ -54,12 +54,14 @@ class DueTask:
 
         An occurrence's or a callback's `.` becomes `_` and a digest of the id follows, so
         that the name keeps to the characters CloudWatch Logs accepts and no submitted id
-        can take it; a name longer than Step Functions takes (80) loses the end of the id."""
+        can take it. So does any id whose name would be longer than Step Functions takes
+        (80: a 64-character id handed on for a slot, `-v1h<ms>`, is 81): it loses the end
+        of the id, and the digest keeps the names of ids alike but for their ends apart."""
         again = f"r{self.requeues}" if self.requeues else ""
         held = f"h{self.planned_ms}" if self.planned_ms else ""
         suffix = f"-v{self.version}{again}{held}"
         name = self.task_id
-        if "." in name:
+        if "." in name or len(name) + len(suffix) > NAME_LIMIT:
             digest = "_" + hashlib.sha256(name.encode()).hexdigest()[:8]
             name = f"{name.replace('.', '_')[: NAME_LIMIT - len(suffix) - len(digest)]}{digest}"
         return f"{name}{suffix}"

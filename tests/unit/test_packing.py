@@ -130,6 +130,22 @@ def test_an_occurrence_is_named_in_the_characters_cloudwatch_logs_accepts():
     assert len(longest.execution_name) <= 80
 
 
+def test_a_longest_id_handed_on_or_requeued_keeps_to_a_name_step_functions_takes():
+    """A 64-character id handed on for its flow's slot (`-v1h<ms>`), or requeued, would make
+    a name over 80 characters, which StartExecution refuses (ValidationException): it is
+    cut, and a digest keeps apart ids alike but for their ends."""
+    longest = "i" * 63
+    names = {
+        DueTask(SECOND, longest + end, 1, TaskType.WEBHOOK, requeues, planned).member
+        for end in "ab"
+        for requeues, planned in ((0, SECOND + 5000), (3, 0), (3, SECOND + 5000))
+    }
+    assert len(names) == 6
+    assert all(re.fullmatch(r"[A-Za-z0-9_-]{1,80}", name) for name in names)
+    short = DueTask(SECOND, "order-7", 1, TaskType.WEBHOOK, 0, SECOND + 5000)
+    assert short.member == f"order-7-v1h{SECOND + 5000}"  # an id that fits keeps its name
+
+
 def test_a_table_warmed_below_a_new_tables_rate_plans_claims_at_that_rate():
     """A new on-demand table takes 4,000 writes a second: a smaller TableWarmWritesPerSecond
     (warm throughput cannot go below it) must not slow the plan down. Eight batches of 500
