@@ -3,9 +3,11 @@
 import copy
 import json
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 from samtranslator.yaml_helper import yaml_parse
 
 from tocsin import aws
@@ -289,12 +291,11 @@ def referred(value: Any) -> set[str]:
     return found | referred(list(value.values()))
 
 
-def test_the_stack_makes_its_scaling_resources_one_at_a_time():
+def assert_made_one_at_a_time(resources: dict[str, Any]) -> None:
     """Each target-tracking policy makes CloudWatch alarms, and an account may make or
     delete three a second: made side by side, 16 policies fail a deploy with "Rate
     exceeded". So the 32 targets and policies stand in one line, each waiting for the one
     before it, and CloudFormation makes them (and deletes them, last first) one at a time."""
-    resources = expand_language_extensions(copy.deepcopy(TEMPLATE))["Resources"]
     scaling = {k for k, r in resources.items() if r["Type"].startswith("AWS::ApplicationAuto")}
     waits_for = {name: referred(resources[name]) & scaling for name in scaling}
     line = [name for name in scaling if not waits_for[name]]
@@ -303,6 +304,33 @@ def test_the_stack_makes_its_scaling_resources_one_at_a_time():
         assert len(after) == 1, f"{after} made at once, after {line[-1]}"
         line.append(after[0])
     assert len(line) == len(scaling) == 32
+
+
+def test_the_stack_makes_its_scaling_resources_one_at_a_time():
+    assert_made_one_at_a_time(expand_language_extensions(copy.deepcopy(TEMPLATE))["Resources"])
+
+
+# SAM CLI's own AWS::LanguageExtensions (what `sam build` and `sam deploy` run), in the
+# environment `make` installs it in: it resolves Fn::Select, Fn::FindInMap and Fn::Sub as
+# CloudFormation's transform does, where the expander above knows only what template.yaml
+# needs.
+SAM_PYTHON = ROOT / ".venv-sam" / "bin" / "python"
+SAM_EXPANSION = """
+import json, sys
+from samcli.lib.cfn_language_extensions.sam_integration import expand_language_extensions
+from samcli.yamlhelper import yaml_parse
+template = yaml_parse(open(sys.argv[1]).read())
+parameters = {"BillingMode": "PROVISIONED"}
+expanded = expand_language_extensions(template, parameter_values=parameters, enabled=True)
+print(json.dumps(expanded.expanded_template, default=str))
+"""
+
+
+@pytest.mark.built
+def test_sam_clis_own_transform_keeps_the_scaling_resources_in_one_line():
+    expansion = [str(SAM_PYTHON), "-c", SAM_EXPANSION, str(ROOT / "template.yaml")]
+    expanded = json.loads(subprocess.run(expansion, check=True, capture_output=True).stdout)
+    assert_made_one_at_a_time(expanded["Resources"])
 
 
 def test_the_bench_prices_executors_at_the_lead_a_deployed_stack_has():
