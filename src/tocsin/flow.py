@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tocsin import aws, clock
 from tocsin.batch_read import batch_read
+from tocsin.errors import Busy
 from tocsin.observability import logger
 from tocsin.settings import MAX_FLOW_PARALLELISM, MAX_FLOW_RATE, settings
 
@@ -269,10 +270,14 @@ class Leases:
         try:
             while not self._turn(me, by_ms):
                 pass
-        finally:
+        except BaseException:
             with self._lock:
-                if not me.granted:  # out of time: the next in line looks in its place
+                granted = me.granted  # a lease handed to it as it gave up: passed on now
+                if not granted:  # the next in line looks in its place
                     self._leave_line(me)
+            if granted:
+                self._done_with_one()
+            raise
         try:
             yield clock.now_ms()
         finally:
@@ -308,7 +313,7 @@ class Leases:
         taken: list[dict[str, str]] = []
         try:
             taken = self._take(wanted, held)
-        except (BotoCoreError, ClientError) as fault:  # looked at again after a pause
+        except (BotoCoreError, ClientError, Busy) as fault:  # looked at again after a pause
             logger.warning("flow leases not read", key=self._flow.key, fault=type(fault).__name__)
         finally:
             with self._lock:

@@ -14,13 +14,16 @@ import pytest
 
 from tests.conftest import (
     call_api,
+    hooked,
     runtime_with,
     store_task,
     stored,
     wait_for_status,
     webhook_task,
 )
-from tocsin import clock, gate
+from tests.integration.test_exactly_once import tables
+from tests.integration.test_letting_go import refusal, watched_executor
+from tocsin import aws, clock, gate
 from tocsin.measure import most_within
 from tocsin.settings import settings
 
@@ -146,8 +149,9 @@ def short_invocations(runtime, monkeypatch):
     runtime.functions["WebhookExecutorFunction"] = replace(executor, timeout_s=12)
 
 
+@pytest.mark.parametrize("id_chars", [2, 64])
 def test_a_slot_past_what_an_invocation_can_wait_for_is_handed_on_and_fires_at_it(
-    runtime, receiver, short_invocations
+    runtime, receiver, short_invocations, id_chars
 ):
     """An executor of 12 s and webhooks of 4 s at most leave an invocation woken about 2 s
     before its task's due time room to send up to about 3 s past it: of seven tasks due
@@ -156,7 +160,7 @@ def test_a_slot_past_what_an_invocation_can_wait_for_is_handed_on_and_fires_at_i
     began more than 3 s late, it would not need to), and each fires once, at its slot (or
     later: a gate a busy machine lets go late takes a later one)."""
     due = clock.now_ms() + 2500
-    ids = [f"h{i}" for i in range(7)]
+    ids = [f"{i}".rjust(id_chars, "h") for i in range(7)]  # the longest ids make the longest names
     submitted(runtime, receiver.url, due, ids, rate=1)
     tasks = ended(ids)
 
@@ -307,3 +311,36 @@ def test_a_schedules_flow_is_each_occurrences_and_an_edit_that_drops_it_drops_it
     status, reply = call_api(runtime, "POST", "/schedules", refused)
     assert (status, reply["error"]["field"]) == (400, "flow.rate")
     assert call_api(runtime, "DELETE", "/schedules/paced")[0] == 200
+
+
+def test_a_fault_in_a_flow_s_ledger_is_retried_by_fire_and_the_rest_of_the_batch_is_sent(
+    runtime, receiver, no_backoff
+):
+    """The flow's ledger refuses a send's slot (throttled, past botocore's retries): its
+    invocation fails with what Fire retries (TableUnavailable), not a name that sends the
+    whole batch to the dead-letter queue. The batch's task without a flow is sent all the
+    same, and the retry sends the flow's task; each once."""
+    due = early_in_a_second(clock.now_ms() + 2000)
+    store_task(webhook_task(f"{receiver.url}/plain", due, "plain"))
+    store_task(flowing(f"{receiver.url}/held", due + 10, "held", rate=5))
+    refused = {"left": aws.MAX_ATTEMPTS + 1}  # botocore's tries of one write, all refused
+
+    def refuse_the_slot(request, **_: object):
+        key = json.loads(request.body).get("Key", {}).get("task_id", {}).get("S", "")
+        if key.startswith("~flow:sent:") and refused["left"]:
+            refused["left"] -= 1
+            return refusal(request, "ProvisionedThroughputExceededException", 400)
+        return None
+
+    with (
+        watched_executor(runtime) as seen,
+        hooked(tables(), ("before-send.dynamodb.UpdateItem", refuse_the_slot)),
+    ):
+        assert runtime.run_finder()["executions"] == 1
+        plain, held = (wait_for_status(i, {"SUCCEEDED"}) for i in ("plain", "held"))
+        assert runtime.wait_for_executions(30)  # the retry's invocation seen to its end
+    assert [i.error for i in seen] == ["TableUnavailable", None]
+    assert seen[0].after["plain"]["status"] == "SUCCEEDED"  # sent in the first invocation
+    assert int(plain["attempts"]) == int(held["attempts"]) == 1
+    assert Counter(a.task_id for a in receiver.received()) == {"plain": 1, "held": 1}
+    assert [e.status for e in runtime.executions()] == ["SUCCEEDED"]  # no dead letter

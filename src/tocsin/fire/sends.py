@@ -9,10 +9,13 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from botocore.exceptions import BotoCoreError, ClientError
+
 from tocsin import clock, gate
 from tocsin.errors import PermanentTargetError, TransientTargetError
 from tocsin.fire import wire
 from tocsin.fire.batch import ClaimedTask, Failed, Held
+from tocsin.fire.writes import TableUnavailable
 from tocsin.flow import SLOT_SLACK_MS, TICKET_AHEAD_MS, NoLeaseInTime
 from tocsin.model import BATCH_ENTRIES
 from tocsin.observability import logger
@@ -126,7 +129,7 @@ class _Turn:
             gate.wait_until(ready_ms - TICKET_AHEAD_MS)
             ready_ms = max(ready_ms, clock.now_ms() + task.ledger.lead_ms())  # if already due
             for last_try in (False, True):
-                slot_ms = task.ledger.ticket(task.flow, ready_ms)  # type: ignore[arg-type]
+                slot_ms = _ticket(task, ready_ms)
                 if slot_ms > self.lease_by_ms:  # a send then could not end in this time
                     raise HandOn(slot_ms)
                 slack_ms = None if last_try else SLOT_SLACK_MS
@@ -145,6 +148,17 @@ class _Turn:
             raise done.stopped
         self.went_ms, self.held_ms = done.written_ms or clock.now_ms(), held_ms
         return done
+
+
+def _ticket(task: ClaimedTask, ready_ms: int) -> int:
+    """A slot of the task's flow's sends (`RateLedger.ticket`). The ledger's fault (a
+    throttle or a 5xx after botocore's retries) fails the invocation for Fire to retry it
+    (TableUnavailable): its other calls go on, this task is let go for the retry."""
+    try:
+        return task.ledger.ticket(task.flow, ready_ms)  # type: ignore[arg-type, union-attr]
+    except (BotoCoreError, ClientError) as fault:
+        failure = f"{task.task_id}: its flow's ledger: {type(fault).__name__}"
+        raise TableUnavailable(failure) from fault
 
 
 @contextmanager
