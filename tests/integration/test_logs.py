@@ -91,8 +91,10 @@ def test_fired_and_failed_tasks_record_ids_but_not_payloads_or_secrets(level):
     }
     assert namespaces == {"Tocsin"} and {e["service"] for e in metrics} == {"tocsin"}
     assert {"Fired", "LatenessMs", "found", "started", "throttled", "backlog"} <= names
-    flows = [e for e in metrics if "FlowKey" in e]  # one set a key, the key its dimension
+    flows = [e for e in metrics if "FlowKey" in e]  # one set a key, the key in its record
     assert {e["FlowKey"] for e in flows} == {"one-host"}
+    sets = [m for e in metrics for m in e["_aws"]["CloudWatchMetrics"]]
+    assert "FlowKey" not in {name for m in sets for names in m["Dimensions"] for name in names}
     held = [value for e in flows for value in e["FlowHeld"]]  # EMF lists a metric's values
     assert sum(held) >= 1 and max(v for e in flows for v in e["FlowHeldMs"]) > 900
     failed = done.stderr.split("STORED_ERROR=", 1)[1]
