@@ -1,0 +1,68 @@
+"""A flow's leases (`tocsin.flow.Leases`): a send that gives up waiting holds none."""
+
+import threading
+import time
+from collections.abc import Iterator
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from tocsin import aws, clock
+from tocsin.flow import Flow, Leases, NoLeaseInTime
+
+FLOW = Flow(key="one-host", parallelism=1)
+
+
+@pytest.fixture
+def table(monkeypatch) -> Iterator[str]:
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    aws.forget_clients()
+    with mock_aws():
+        boto3.client("dynamodb").create_table(
+            TableName="tasks",
+            KeySchema=[{"AttributeName": "task_id", "KeyType": "HASH"}],
+            AttributeDefinitions=[{"AttributeName": "task_id", "AttributeType": "S"}],
+            BillingMode="PAY_PER_REQUEST",
+        )
+        yield "tasks"
+    aws.forget_clients()
+
+
+def lease_held_until(table: str) -> int:
+    key = {"task_id": "~flow:lease0:one-host"}
+    return int(boto3.resource("dynamodb").Table(table).get_item(Key=key)["Item"]["until_ms"])
+
+
+def test_a_lease_handed_to_a_send_as_it_gives_up_goes_on_at_once(table, monkeypatch):
+    """The send first in line gives up (its time is up) in the moment the send that holds
+    the one lease ends and hands it to it: the lease goes back to the table at once, not
+    when the invocation ends (another invocation's sends would wait for it until then)."""
+    leases = Leases(table, FLOW, "invocation-1", clock.now_ms() + 60_000)
+    first_ends, first_ended = threading.Event(), threading.Event()
+
+    def first_send() -> None:
+        with leases.sending(clock.now_ms() + 1000):
+            first_ends.wait(10)
+        first_ended.set()
+
+    turn = Leases._turn
+
+    def gives_up_as_the_first_ends(self: Leases, me: object, by_ms: int) -> bool:
+        try:
+            return turn(self, me, by_ms)
+        except NoLeaseInTime:  # the first send ends now, and hands its lease down the line
+            first_ends.set()
+            first_ended.wait(10)
+            raise
+
+    holding = threading.Thread(target=first_send)
+    holding.start()
+    while not leases._held:
+        time.sleep(0.01)
+    monkeypatch.setattr(Leases, "_turn", gives_up_as_the_first_ends)
+    with pytest.raises(NoLeaseInTime), leases.sending(clock.now_ms() + 100):
+        pass
+    holding.join()
+    assert lease_held_until(table) == 0  # given back: free for any invocation's sends
+    assert leases._held == []
