@@ -381,6 +381,57 @@ def test_a_final_mark_that_hangs_is_cut_off_in_time_to_log_the_send(runtime, rec
 
 
 @pytest.mark.slow
+def test_a_sent_log_write_that_hangs_is_cut_off_before_the_invocation_s_end(
+    runtime, receiver, monkeypatch
+):
+    """The Tasks table refuses the final mark after the send, and the sent log's write that
+    follows gets no answer at all: it is cut off before the invocation's end, and the
+    invocation fails in its time (TableUnavailable), where Lambda would have killed it
+    mid-write. Unlogged, the send is made again by Fire's retry, with the same
+    idempotency key for the receiver to tell. (An executor of 12 s keeps it short.)"""
+    from tests.integration.test_letting_go import watched_executor
+
+    monkeypatch.setenv("WEBHOOK_TIMEOUT_SECONDS", "2")
+    settings.cache_clear()
+    executor = runtime.functions["WebhookExecutorFunction"]
+    runtime.functions["WebhookExecutorFunction"] = replace(executor, timeout_s=12)
+    [task_id] = store_pending(receiver.url, 1, 1500, "hung-log")
+    released, attempts = threading.Event(), []
+
+    def refuse_the_first_attempts_mark(params: dict, **_: object) -> None:
+        values = params.get("ExpressionAttributeValues", {})
+        if ":status" in values and values[":attempt"] in (attempts or [values[":attempt"]]):
+            attempts.append(values[":attempt"])
+            error = {"Error": {"Code": "InternalServerError"}}
+            raise ClientError(error | {"ResponseMetadata": {"HTTPStatusCode": 500}}, "UpdateItem")
+
+    def hang_the_log(params: dict, **_: object) -> None:
+        if params.get("TableName") == settings().sent_table:
+            released.wait(60)  # no answer while the test runs; then the connection drops
+            raise EndpointConnectionError(endpoint_url="https://dynamodb")
+
+    client = aws.resource("dynamodb").meta.client
+    try:
+        with (
+            hooked(
+                client,
+                ("before-parameter-build.dynamodb.UpdateItem", refuse_the_first_attempts_mark),
+                ("before-parameter-build.dynamodb.PutItem", hang_the_log),
+            ),
+            watched_executor(runtime) as invocations,
+        ):
+            runtime.run_finder()
+            item = wait_for_status(task_id, {"SUCCEEDED", "FAILED"}, timeout_s=60)
+            assert runtime.wait_for_executions(30)
+    finally:
+        released.set()
+    [cut] = [invocation for invocation in invocations if invocation.error == "TableUnavailable"]
+    assert cut.ended_ms - cut.began_ms < 12_000  # within its time: not killed
+    assert item["status"] == "SUCCEEDED"
+    assert {a.idempotency_key for a in receiver.received()} == {f"{task_id}:1"}
+
+
+@pytest.mark.slow
 def test_a_dense_window_fires_from_one_execution_each_task_at_its_millisecond(runtime, receiver):
     """Thirty tasks due within one second: one execution, two states, thirty gates."""
     window = (clock.now_ms() // 1000 + 9) * 1000  # a second boundary, past the local lead

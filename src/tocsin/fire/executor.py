@@ -17,6 +17,7 @@ from tocsin.fire.claims import claim_batch, let_go
 from tocsin.fire.marks import MARK_MARGIN_MS, finish, report, report_flows
 from tocsin.fire.plans import given_back, hand_on, plan_flows, start_onward
 from tocsin.fire.sends import HandOn, fire, sends
+from tocsin.fire.writes import answered_by
 from tocsin.model import TaskType
 from tocsin.observability import logger, metrics
 from tocsin.sent import Fired, SentLog
@@ -25,6 +26,7 @@ from tocsin.store import Holder, TaskStore
 from tocsin.targets import TARGETS
 
 FINISH_MARGIN_MS = 3000  # kept back from retries for the final marks and dead letters
+REPLY_MARGIN_MS = 200  # kept back from the sent log's write for the invocation's reply
 CLAIMS_SHARE = 3  # of the time, for claims: then a fresh invocation beats sends out of time
 
 
@@ -92,8 +94,9 @@ def execute(
         except Exception as error:
             if isinstance(outcome, Fired):  # sent, and the table will not say so
                 expires_at = config.expires_at(asked.due_ms)
-                try:
-                    sent_log.record(asked.task_id, asked.version, outcome, expires_at)
+                log = lambda: sent_log.record(asked.task_id, asked.version, outcome, expires_at)  # noqa: E731
+                try:  # cut off before the invocation's end, as the mark was: Lambda would
+                    answered_by(ends_ms - REPLY_MARGIN_MS, log)  # kill it unanswered
                 except Exception as unlogged:
                     return unlogged
             return error
