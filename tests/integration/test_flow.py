@@ -167,6 +167,7 @@ def test_a_slot_past_what_an_invocation_can_wait_for_is_handed_on_and_fires_at_i
     last = max(tasks, key=slot)
     assert slot(last) >= due + 6240  # past what its first invocation could send in
     assert last["execution"].endswith(f"-v1h{slot(last)}")  # an execution of its own
+    assert int(last["held_ms"]) >= slot(last) - due  # the whole hold, not its last leg's
     assert all(fired(task) >= slot(task) for task in tasks)
     assert Counter(a.task_id for a in receiver.received()) == Counter(ids)
 

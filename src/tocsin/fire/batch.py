@@ -41,6 +41,9 @@ class ClaimedTask:
     requeues: int = 0
     flow: Flow | None = None  # the limits it shares with its key's tasks (tocsin.flow)
     planned_ms: int = 0  # its flow's slot, when later than its due time
+    # Its flow held it in an earlier invocation (handed on, or a claim retried): the hold
+    # counts from its due time, not from this invocation's coming.
+    flow_held: bool = False
     leases: Leases | None = None  # its flow's leases in this invocation, if it limits those
     ledger: RateLedger | None = None  # where its flow's sends take their slots, if a rate
 

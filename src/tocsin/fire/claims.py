@@ -79,6 +79,7 @@ def _claimed(item: dict[str, Any], asked: BatchTask, task_type: TaskType) -> Cla
             requeues=int(item.get("requeues", 0)),
             flow=flow_of(item),
             planned_ms=int(item.get("planned_ms", 0)),
+            flow_held="planned_ms" in item,
         )
     except (ValidationError, KeyError, ValueError, TypeError, AttributeError) as error:
         return Failed("PermanentTargetError", f"malformed stored task: {error}", 0)

@@ -98,7 +98,7 @@ class _Turn:
 
     It keeps the millisecond its request was written, and how long its flow held it: from
     its due time (or its coming, if later: an invocation that comes late is not its flow's
-    doing) to its slot or lease."""
+    doing, but one its flow handed it on to is) to its slot or lease."""
 
     def __init__(self, task: ClaimedTask, lease_by_ms: int):
         self.task, self.lease_by_ms = task, lease_by_ms
@@ -121,7 +121,7 @@ class _Turn:
 
     def _send(self, sent: wire.Sent) -> wire.Sent:
         task = self.task
-        came_ms = max(task.due_ms, clock.now_ms())
+        came_ms = task.due_ms if task.flow_held else max(task.due_ms, clock.now_ms())
         with _leased(task, task.fires_ms, self.lease_by_ms) as free_ms:
             ready_ms = max(task.fires_ms, free_ms, came_ms)
             if task.ledger is None:
