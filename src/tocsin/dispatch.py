@@ -107,10 +107,10 @@ WEBHOOK_BATCH_MAX = 256
 # call of BATCH_ENTRIES, for a batched type, counts SENDS_PER_CALL). More due together go
 # to more batches, whose executors, each with its own share of a core, send side by side.
 BURST_SPAN_MS = 100
-# A batch call costs an executor what four webhook sends do. In a 256 MB sandbox, one
-# executor's SQS tasks due in one millisecond arrived within p99 41-46 ms for 40 of them
-# (4 calls), 71-218 ms for 60 and 508-579 ms for 150, where 15 webhooks took 47-98 ms.
-SENDS_PER_CALL = 4
+# A batch call costs an executor what two webhook sends do after the gate: in a 256 MB
+# sandbox, alone, an SQS call of ten took 101-110 us of CPU (50 and 100 tasks due in one
+# millisecond), a webhook 45-58 us (50 and 100), all of them arriving within 1-10 ms.
+SENDS_PER_CALL = 2
 
 
 def pack(tasks: list[DueTask], window_ms: int, batch_size: int, burst_sends: int) -> list[Batch]:

@@ -40,7 +40,7 @@ class Settings(BaseModel):
     provisioned_writes_per_second: int = Field(0, alias="PROVISIONED_WRITES_PER_SECOND", ge=0)
     batch_window_ms: int = Field(1000, alias="BATCH_WINDOW_MS", ge=1, le=10_000)
     batch_size: int = Field(500, alias="BATCH_SIZE", ge=1, le=BATCH_SIZE_LIMIT)
-    burst_sends: int = Field(15, alias="BURST_SENDS_PER_INVOCATION", ge=1, le=BATCH_SIZE_LIMIT)
+    burst_sends: int = Field(60, alias="BURST_SENDS_PER_INVOCATION", ge=1, le=BATCH_SIZE_LIMIT)
     retention_days: int = Field(30, alias="RETENTION_DAYS", ge=1)
     horizon_days: int = Field(365, alias="HORIZON_DAYS", ge=1)
     max_overdue_s: int = Field(300, alias="MAX_OVERDUE_SECONDS", ge=0)
