@@ -12,6 +12,7 @@ from typing import Any
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 from standardwebhooks.webhooks import Webhook
 
 from tests.conftest import hooked, store_task, stored, wait_for_status, webhook_task
@@ -134,3 +135,29 @@ def test_a_task_sent_long_past_its_due_second_is_signed_for_now(runtime, receive
     secret = boto3.client("secretsmanager").get_secret_value(SecretId=settings().webhook_secret_arn)
     assert Webhook(secret["SecretString"]).verify(arrival.body, arrival.headers) == {"task": "late"}
     assert json.loads(arrival.body) == {"task": "late"}
+
+
+def test_a_signing_secret_that_cannot_be_read_for_now_fails_an_attempt_not_the_task(
+    runtime, receiver
+):
+    """Secrets Manager refuses the first read (throttled): the attempt fails for now, and
+    the task is sent signed at its next attempt; it was failed for good before."""
+    webhook._secrets().clear_cache()  # the keys as yet unread
+    refused: list[int] = []
+
+    def throttle_once(**_: Any) -> None:
+        if not refused:
+            refused.append(clock.now_ms())
+            error = {"Error": {"Code": "ThrottlingException"}}
+            raise ClientError(
+                error | {"ResponseMetadata": {"HTTPStatusCode": 400}}, "GetSecretValue"
+            )
+
+    client = aws.client("secretsmanager")
+    with hooked(client, ("before-call.secrets-manager.GetSecretValue", throttle_once)):
+        store_task(webhook_task(f"{receiver.url}/signed", clock.now_ms() + 1500, "signed"))
+        runtime.run_finder()
+        item = wait_for_status("signed", {"SUCCEEDED", "FAILED"})
+    assert refused and item["status"] == "SUCCEEDED" and int(item["attempts"]) == 2
+    [arrival] = receiver.received()
+    assert "webhook-signature" in arrival.headers

@@ -20,11 +20,13 @@ import hashlib
 import hmac
 import os
 import ssl
+import threading
 from functools import cache
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
 from aws_lambda_powertools.utilities.parameters import SecretsProvider
+from aws_lambda_powertools.utilities.parameters.exceptions import GetParameterError
 from pydantic import Field, PrivateAttr, field_validator
 
 from tocsin import aws, clock
@@ -84,15 +86,34 @@ def _is_allowed(parts: SplitResult) -> bool:
     return host in allowed or f"{host}:{parts.port}" in allowed
 
 
-@cache
 def _secrets() -> SecretsProvider:
-    return SecretsProvider(boto3_client=aws.client("secretsmanager"))
+    """The provider of this process's client (a fresh client, after `aws.forget_clients`,
+    has a provider of its own, and its cache)."""
+    return _provider(aws.client("secretsmanager"))
+
+
+@cache
+def _provider(client: Any) -> SecretsProvider:
+    return SecretsProvider(boto3_client=client)
+
+
+_reading_keys = threading.Lock()
 
 
 def _signing_keys() -> list[bytes]:
-    """The signing keys, cached for five minutes so a rotation is picked up without a redeploy."""
+    """The signing keys, cached for five minutes so a rotation is picked up without a
+    redeploy: read by one send at a time (a batch's sends prepare side by side, and each
+    read the secret at once when its cache was empty). A read that fails is transient:
+    the task is tried again, never failed for good for it."""
     arn = settings().webhook_secret_arn
-    return signing_keys(str(_secrets().get(arn, max_age=300))) if arn else []
+    if not arn:
+        return []
+    try:
+        with _reading_keys:
+            secret = _secrets().get(arn, max_age=300)
+    except GetParameterError as error:
+        raise TransientTargetError("the webhook signing secret could not be read") from error
+    return signing_keys(str(secret))
 
 
 class WebhookTarget(Target):
