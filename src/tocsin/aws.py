@@ -3,7 +3,7 @@
 Every call is bounded: a connection gets CONNECT_TIMEOUT_S, an answer READ_TIMEOUT_S
 (botocore's defaults are 60 s each, half an executor's life). An executor must know how
 long one attempt at a target can take, so target clients retry once, not five times
-(`TARGET_ATTEMPT_LIMIT_S`); the executor's own attempts back off beyond that.
+(`target_attempt_limit_s`); the executor's own attempts back off beyond that.
 """
 
 import os
@@ -19,9 +19,21 @@ from tocsin.settings import CONNECT_TIMEOUT_S, READ_TIMEOUT_S
 _lock = threading.Lock()
 TARGET_RETRIES = 1
 MAX_ATTEMPTS = 5  # botocore's tries of one call of our own clients (`client`, `resource`)
-# One send to an AWS target at most: every try connecting and waiting its longest, and
-# botocore's backoff between them (standard mode: up to 20 s, never that much after one).
-TARGET_ATTEMPT_LIMIT_S = (1 + TARGET_RETRIES) * (CONNECT_TIMEOUT_S + READ_TIMEOUT_S) + 2.0
+
+
+def target_read_timeout_s() -> float:
+    """How long a target's call waits for its answer: READ_TIMEOUT_S, unless the
+    environment sets another (the embedded runtime: its moto endpoint answers a burst's
+    calls one at a time, in one process, 14 s for the last of 50 SendMessageBatch calls,
+    where SQS takes milliseconds; timed out, each call was sent again, and queued twice)."""
+    return float(os.environ.get("TOCSIN_TARGET_READ_TIMEOUT_SECONDS", READ_TIMEOUT_S))
+
+
+def target_attempt_limit_s() -> float:
+    """One send to an AWS target at most: every try connecting and waiting its longest,
+    and botocore's backoff between them (standard mode: up to 20 s, never that much after
+    one)."""
+    return (1 + TARGET_RETRIES) * (CONNECT_TIMEOUT_S + target_read_timeout_s()) + 2.0
 
 
 def call_limit_s(max_attempts: int = MAX_ATTEMPTS) -> float:
@@ -75,7 +87,7 @@ def client(service: str, retry_mode: str = "standard", max_attempts: int = MAX_A
 
 def target_client(service: str) -> Any:
     """A client for sending to a target: one retry, so one attempt stays within
-    TARGET_ATTEMPT_LIMIT_S."""
+    target_attempt_limit_s()."""
     with _lock:
         return _cached(service, "target", "standard", TARGET_RETRIES)
 

@@ -194,7 +194,7 @@ def attempt_limit_s(task_type: TaskType, settings: Settings) -> float:
     """The longest one send of a task of this type can take (its target's attempt_limit_s)."""
     if task_type is TaskType.WEBHOOK:
         return settings.webhook_attempt_limit_s
-    return aws.TARGET_ATTEMPT_LIMIT_S
+    return aws.target_attempt_limit_s()
 
 
 # Lambda adds at most this many execution environments to one function in this many seconds

@@ -141,7 +141,7 @@ def test_at_the_parameters_maxima_one_attempt_still_fits_the_executors_timeout()
         + 1  # Wait drops the wake's milliseconds
     )
     webhook = TARGETS[TaskType.WEBHOOK](url="https://example.com/")
-    slowest_s = max(webhook.attempt_limit_s, aws.TARGET_ATTEMPT_LIMIT_S)
+    slowest_s = max(webhook.attempt_limit_s, aws.target_attempt_limit_s())
     timeout_s = TEMPLATE["Globals"]["Function"]["Timeout"]
     assert last_gate_s + slowest_s <= timeout_s - FINISH_MARGIN_MS / 1000
 

@@ -91,6 +91,9 @@ PROCESS_ENVIRONMENT = {
     # botocore's own default: the one DynamoDB process queues answers under load for longer
     # than AWS ever takes (`tocsin.aws.READ_TIMEOUT_S`), and a retry would only queue again.
     "TOCSIN_SDK_READ_TIMEOUT_SECONDS": "60",
+    # A target call's wait, for the same reason (its moto endpoint answers one call at a
+    # time): at 25 s an attempt may take 58 s, inside the executors' 120 s.
+    "TOCSIN_TARGET_READ_TIMEOUT_SECONDS": "25",
 }
 
 # Lambda runs each invocation in an environment of its own; here a function's invocations

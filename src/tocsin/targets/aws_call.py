@@ -23,8 +23,9 @@ from botocore.awsrequest import AWSPreparedRequest, AWSResponse
 from botocore.exceptions import ConnectionClosedError, EndpointConnectionError, ReadTimeoutError
 from botocore.httpsession import get_cert_path
 
+from tocsin import aws
 from tocsin.fire import wire
-from tocsin.settings import CONNECT_TIMEOUT_S, READ_TIMEOUT_S
+from tocsin.settings import CONNECT_TIMEOUT_S
 
 _turns = threading.local()  # the turn of the call this thread makes, while it makes it
 
@@ -53,7 +54,8 @@ def send_on_the_wire(request: AWSPreparedRequest, **_: Any) -> AWSResponse | Non
     for fresh in (False, True):  # a connection dropped while it waited: once more, a new one
         connection = POOL.take(parts) if not fresh else POOL.opened(parts)
         head, body_bytes = connection.request(request.method, target, headers, body)
-        sent = turn.send(wire.Sent(connection, head, body_bytes, 0, READ_TIMEOUT_S))
+        answer_within_s = aws.target_read_timeout_s()
+        sent = turn.send(wire.Sent(connection, head, body_bytes, 0, answer_within_s))
         if not sent.dropped:
             break
         connection.close()

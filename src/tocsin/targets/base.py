@@ -60,7 +60,7 @@ class Target(BaseModel):
     def attempt_limit_s(self) -> float:
         """The longest one `send` can take: an executor starts no attempt that could
         outlast its invocation (a killed attempt may have acted, unrecorded)."""
-        return aws.TARGET_ATTEMPT_LIMIT_S
+        return aws.target_attempt_limit_s()
 
     def prepare(self) -> None:
         """Work that can be done ahead of the due time (resolving, checking)."""
