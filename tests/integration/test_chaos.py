@@ -73,7 +73,7 @@ def test_scenario_loses_duplicates_and_hurries_nothing(name):
 
 @group("flow-limits")
 def test_a_flow_at_a_slow_failing_receiver_keeps_both_its_limits_where_its_sends_arrive():
-    """Its parallelism binds (3 in flight, answers 0.2 s apart), retries go through it as
+    """Its parallelism binds (3 in flight, each answered after 0.5 s), retries go through it as
     well, and no second holds more than the rate."""
     result = result_of("flow-limits")
     flow = result["flow"]
