@@ -15,7 +15,7 @@ from tests.integration.test_sandbox import SLACK, writable_cgroups
 from tocsin.cli import main
 from tocsin.dispatch import Batch, DueTask, execution_input
 from tocsin.local.dynamodb_local import jar
-from tocsin.measure import bench, lambda_bench
+from tocsin.measure import bench, lambda_bench, scenario
 from tocsin.measure.bench import StartRecorder, baseline_input, recording_starts
 from tocsin.model import TaskType
 from tocsin.settings import Settings
@@ -280,7 +280,7 @@ def test_a_template_parameter_given_to_the_bench_reaches_every_runtime_over_the_
     ]:
         assert main(["bench", "--scenarios", "sparse", "--parameter", pair]) == 2
         assert f"error: --parameter: {pair}: {why}" in capsys.readouterr().err
-    given = bench.Bench(None, None, parameters={"BurstSendsPerInvocation": "30"})  # type: ignore[arg-type]
+    given = scenario.Bench(None, None, parameters={"BurstSendsPerInvocation": "30"})  # type: ignore[arg-type]
     runtime = given.runtime({"BurstSendsPerInvocation": "15", "LeadMilliseconds": "900"})
     assert runtime.parameters["BurstSendsPerInvocation"] == "30"
     assert runtime.parameters["LeadMilliseconds"] == "900"

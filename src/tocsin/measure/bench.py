@@ -23,7 +23,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -31,10 +31,8 @@ from typing import Any
 from unittest import mock
 
 from botocore.awsrequest import AWSPreparedRequest, AWSResponse
-from rich.progress import Progress
 
 from tocsin import aws, clock
-from tocsin.bodies import split
 from tocsin.dispatch import Batch, DueTask, attempt_limit_s, execution_arn, execution_input
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.local.sandbox import MB_PER_CORE
@@ -51,6 +49,7 @@ from tocsin.measure.demo import (
 )
 from tocsin.measure.lambda_bench import lambda_limits
 from tocsin.measure.receiver import ReceiverProcess, allowing
+from tocsin.measure.scenario import Bench, write_items
 from tocsin.model import TaskType
 from tocsin.settings import Settings, settings
 
@@ -62,29 +61,6 @@ PAD_10K = 10 * 1024 - 40  # with the rest of its payload, 10 KiB of JSON
 START_DELAY_MS = 3000
 GRACE_S = 20.0
 BASELINE_MAX = 1000  # tasks the baseline runs of one plan (a random sample beyond that)
-
-
-@dataclass
-class Bench:
-    """What every scenario shares: the progress display and the random source."""
-
-    progress: Progress
-    rng: random.Random
-    scale: float = 1.0
-    cost: Pricing | None = None  # count billed usage and price it so
-    tables: str = "moto"  # where the runtimes keep their tables (TABLE_ENGINES)
-    lambda_limits: bool = False  # executors in Lambda-sized sandboxes (tocsin.local.sandbox)
-    parameters: dict[str, str] = field(default_factory=dict)  # the caller's, over any scenario's
-
-    def runtime(self, parameters: dict[str, str] | None = None, **options: Any) -> EmbeddedRuntime:
-        """A runtime on the bench's tables and limits, with the caller's template parameters
-        over the scenario's; no finder ticker unless asked."""
-        defaults = {"finder_interval_s": None, "lambda_limits": self.lambda_limits}
-        given = {**(parameters or {}), **self.parameters}
-        return EmbeddedRuntime(given, tables=self.tables, **(defaults | options))
-
-    def size(self, full: int) -> int:
-        return max(5, round(full * self.scale))
 
 
 # -- timing: tocsin and the baseline on the same plan ------------------------------------
@@ -132,24 +108,10 @@ def _store_for_finder(
     from tocsin.submit import new_item
 
     config, now = settings(), clock.now_ms()
-    _write_items(
+    write_items(
         placed_long_ago(new_item(_body(task, url, pad, flow), "bench", now, config))
         for task in planned
     )
-
-
-def _write_items(items: Iterable[dict[str, Any]]) -> None:
-    """Tasks' items written in batches, their large bodies apart and first, as
-    TaskStore.create writes one (`tocsin.bodies`)."""
-    config, dynamodb = settings(), aws.resource("dynamodb")
-    stored = [split(whole, config) for whole in items]
-    with dynamodb.Table(config.bodies_table).batch_writer() as writer:
-        for _, body in stored:
-            if body is not None:
-                writer.put_item(Item=body)
-    with dynamodb.Table(config.tasks_table).batch_writer() as writer:
-        for item, _ in stored:
-            writer.put_item(Item=item)
 
 
 def _start_baseline(runtime: EmbeddedRuntime, planned: list[PlannedTask], url: str) -> None:
@@ -531,7 +493,7 @@ def _store_tasks(bench: Bench, label: str, due_times: list[int]) -> list[str]:
             if i % 500 == 0:
                 bench.progress.update(bar, completed=i)
 
-    _write_items(items())
+    write_items(items())
     bench.progress.remove_task(bar)
     return ids
 

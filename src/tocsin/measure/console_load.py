@@ -16,6 +16,7 @@ from typing import Any
 from tocsin import clock
 from tocsin.local.server import DEFAULT_PRINCIPAL, serving
 from tocsin.measure import placed_long_ago
+from tocsin.measure.scenario import Bench, write_items
 from tocsin.settings import settings
 
 HOUR_MS = 3_600_000
@@ -68,18 +69,16 @@ def _items(count: int, now: int) -> list[dict[str, Any]]:
     return items
 
 
-def console_load(bench: Any) -> dict[str, Any]:
+def console_load(bench: Bench) -> dict[str, Any]:
     """Each view's load time, median of LOADS, with `bench.size(10_000)` tasks stored."""
     from playwright.sync_api import sync_playwright
-
-    from tocsin.measure.bench import _write_items
 
     executable = chromium()
     if executable is None:
         raise SystemExit("console: no Chromium (apt-get install -y chromium, or TOCSIN_CHROMIUM)")
     tasks = bench.size(10_000)
     with bench.runtime() as runtime:
-        _write_items(_items(tasks, clock.now_ms()))
+        write_items(_items(tasks, clock.now_ms()))
         with serving(runtime) as url, sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=executable, args=FLAGS)
             page = browser.new_page(viewport={"width": 1280, "height": 860})

@@ -30,13 +30,13 @@ from tocsin.local.sandbox import MB_PER_CORE
 from tocsin.measure import placed_long_ago
 from tocsin.measure.demo import PlannedTask, lateness_values, percentile, summarize
 from tocsin.measure.receiver import Arrival, ReceiverProcess, allowing
+from tocsin.measure.scenario import Bench, write_items
 from tocsin.model import TaskType
 from tocsin.settings import MAX_PAYLOAD_BYTES, settings
 
 if TYPE_CHECKING:
     from tocsin.local.moto_endpoint import Call
     from tocsin.local.runtime import EmbeddedRuntime
-    from tocsin.measure.bench import Bench
 
 SIZES_MB = (256, 512, 1024, MB_PER_CORE)  # the template's first, up to one whole vCPU
 TYPES = ("webhook", "sqs")
@@ -46,7 +46,7 @@ AHEAD_MS = 15_000  # due this far from the finder's run: past the wake, the clai
 GRACE_S = 60.0
 
 
-def lambda_limits(bench: "Bench") -> dict[str, Any]:
+def lambda_limits(bench: Bench) -> dict[str, Any]:
     """Every size and type, then the large bodies; the figures `--json` reports."""
     tasks = bench.size(TASKS)
     by_memory: dict[str, dict[str, Any]] = {}
@@ -108,7 +108,7 @@ PER_RUN = (
 
 
 def same_millisecond(
-    bench: "Bench",
+    bench: Bench,
     memory_mb: int,
     task_type: str,
     tasks: int,
@@ -180,7 +180,6 @@ def _target(task_type: str, receiver_url: str) -> dict[str, Any]:
 
 def _store(planned: list[PlannedTask], task_type: str, target: dict[str, Any], blob: str) -> None:
     """The tasks' items written for the finder, large bodies in the Bodies table."""
-    from tocsin.measure.bench import _write_items
     from tocsin.submit import new_item
 
     config, now = settings(), clock.now_ms()
@@ -190,11 +189,11 @@ def _store(planned: list[PlannedTask], task_type: str, target: dict[str, Any], b
                 "target": target, "payload": {"blob": blob}}  # fmt: skip
         return placed_long_ago(new_item(body, "bench", now, config))
 
-    _write_items(item(task) for task in planned)
+    write_items(item(task) for task in planned)
 
 
 def _wait_for_final(
-    runtime: "EmbeddedRuntime", count: int, due_ms: int, bench: "Bench", bar: Any
+    runtime: "EmbeddedRuntime", count: int, due_ms: int, bench: Bench, bar: Any
 ) -> None:
     """Until every task has ended (or GRACE_S past the due time)."""
     import time
