@@ -29,6 +29,7 @@ class Fired:
     attempts: int
     tries: tuple[Try, ...] = ()
     held_ms: int = 0  # how long its flow's limits held it past its due time (tocsin.flow)
+    slot_ms: int = 0  # the slot it went in, when its flow held it (else its due time)
 
 
 class SentLog:

@@ -47,6 +47,9 @@ def finish(
         fields["result"] = json.dumps(outcome.result)
         if isinstance(each.task, ClaimedTask) and each.task.flow:
             fields["held_ms"] = outcome.held_ms
+            if outcome.held_ms and outcome.slot_ms:  # its slot: a ticket may have moved it
+                slot_ms = outcome.slot_ms  # (the sent log has none: the plan's stays)
+                fields |= {"planned_ms": slot_ms, "planned_at": clock.to_iso(slot_ms)}
     else:
         status = TaskStatus.FAILED
         error = {"Error": outcome.error, "Cause": outcome.cause}

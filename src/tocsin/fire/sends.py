@@ -67,16 +67,18 @@ def sends(held: list[Held]) -> list[list[Held]]:
     return calls
 
 
-def _deliver(tasks: list[ClaimedTask], lease_by_ms: int) -> tuple[int, int, list[Answer]]:
+def _deliver(tasks: list[ClaimedTask], lease_by_ms: int) -> tuple["_Turn", list[Answer]]:
     """Build the call's request whole, then have the wire write it at its turn (its due
-    millisecond, or its flow's slot and lease: `_Turn`): the millisecond it was written,
-    how long the flow held the call past its due time, and each task's answer."""
+    millisecond, or its flow's slot and lease: `_Turn`): the turn as it went (when its
+    request was written, in which slot, how long the flow held it), and each task's
+    answer."""
     turn = _Turn(tasks[0], lease_by_ms)
     try:
         answers = _targets_own(_call, turn, tasks, turn=turn)
     except (PermanentTargetError, TransientTargetError) as error:  # for the whole call
-        return clock.now_ms(), 0, [error] * len(tasks)
-    return turn.went_ms, turn.held_ms, answers
+        turn.went_ms = clock.now_ms()
+        return turn, [error] * len(tasks)
+    return turn, answers
 
 
 # A send that needs a lease of its flow looks for one this long before its gate (a read and
@@ -96,13 +98,14 @@ class _Turn:
     that gates miss their slots again and again, taking a slot for each miss would move
     the flow's slots ahead faster than its sends, and no send would go.
 
-    It keeps the millisecond its request was written, and how long its flow held it: from
-    its due time (or its coming, if later: an invocation that comes late is not its flow's
-    doing, but one its flow handed it on to is) to its slot or lease."""
+    It keeps the millisecond its request was written, the slot it went in, and how long
+    its flow held it: from its due time (or its coming, if later: an invocation that comes
+    late is not its flow's doing, but one its flow handed it on to is) to its slot or
+    lease."""
 
     def __init__(self, task: ClaimedTask, lease_by_ms: int):
         self.task, self.lease_by_ms = task, lease_by_ms
-        self.went_ms = self.held_ms = 0
+        self.went_ms = self.slot_ms = self.held_ms = 0
         self.raised: BaseException | None = None  # what the turn raised, not the target
 
     @property
@@ -147,6 +150,7 @@ class _Turn:
         if done.stopped is not None:
             raise done.stopped
         self.went_ms, self.held_ms = done.written_ms or clock.now_ms(), held_ms
+        self.slot_ms = at_ms
         return done
 
 
@@ -215,7 +219,8 @@ def fire(tasks: list[ClaimedTask], deadline_ms: int) -> list[Fired | Failed]:
     due_ms, limit_ms = tasks[0].fires_ms, int(tasks[0].target.attempt_limit_s * 1000)
     outcomes: dict[int, Fired | Failed] = {}
     tries: list[list[Try]] = [[] for _ in tasks]  # each failed attempt, when and why
-    pending, prepared, attempts, fired_ms, held_ms = list(range(len(tasks))), set(), 0, due_ms, 0
+    pending, prepared, attempts = list(range(len(tasks))), set(), 0
+    went: _Turn | None = None  # the last attempt's turn
 
     def failed(i: int, cause: str) -> None:
         outcomes[i] = Failed("PermanentTargetError", cause, attempts, tuple(tries[i]))
@@ -244,7 +249,7 @@ def fire(tasks: list[ClaimedTask], deadline_ms: int) -> list[Fired | Failed]:
         if ready:
             lease_by_ms = deadline_ms - limit_ms
             try:
-                fired_ms, held_ms, sent = _deliver([tasks[i] for i in ready], lease_by_ms)
+                went, sent = _deliver([tasks[i] for i in ready], lease_by_ms)
             except HandOn:  # a flow's task, alone in its call
                 if attempts == 1:  # never sent: it goes on with all its attempts ahead
                     raise
@@ -255,8 +260,10 @@ def fire(tasks: list[ClaimedTask], deadline_ms: int) -> list[Fired | Failed]:
             answers.update(zip(ready, sent, strict=True))
         pending = []
         for i, answer in sorted(answers.items()):
-            if isinstance(answer, dict):
-                outcomes[i] = Fired(fired_ms, answer, attempts, tuple(tries[i]), held_ms)
+            if isinstance(answer, dict) and went is not None:
+                outcomes[i] = Fired(
+                    went.went_ms, answer, attempts, tuple(tries[i]), went.held_ms, went.slot_ms
+                )
                 continue
             tries[i].append(_failed_try(began_ms, answer))
             if isinstance(answer, PermanentTargetError):
