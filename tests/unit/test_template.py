@@ -366,3 +366,44 @@ def test_every_executor_takes_the_memory_size_the_stack_is_given():
     for name in executors:
         assert resources[name]["Properties"]["MemorySize"] == {"Ref": "ExecutorMemorySize"}
     assert TEMPLATE["Parameters"]["ExecutorMemorySize"]["Default"] == 256
+
+
+def test_every_function_logs_to_a_group_of_the_stacks_kept_as_long_as_asked():
+    """A function's default log group is Lambda's, made at its first invocation: it keeps
+    every record for ever and outlives the stack. Each function logs to one the stack
+    makes, with the stack's retention."""
+    resources = expand_language_extensions(copy.deepcopy(TEMPLATE))["Resources"]
+    functions = [n for n, r in resources.items() if r["Type"] == "AWS::Serverless::Function"]
+    groups = set()
+    for name in functions:
+        group = resources[name]["Properties"]["LoggingConfig"]["LogGroup"]["Ref"]
+        assert resources[group]["Type"] == "AWS::Logs::LogGroup", name
+        assert resources[group]["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"}
+        assert resources[group].get("DeletionPolicy", "Delete") == "Delete"
+        groups.add(group)
+    assert len(groups) == len(functions) == 9  # one each: a group's streams are one function's
+    assert TEMPLATE["Parameters"]["LogRetentionDays"]["Default"] == 30
+
+
+def test_guided_deploy_asks_the_parameters_in_the_consoles_groups_first_things_first():
+    """`sam deploy --guided` asks in the Parameters' order and shows no description; the
+    CloudFormation console shows the Interface's groups and labels. Both list every
+    parameter once, in one order, the alarm email and the concurrency budget first."""
+    interface = TEMPLATE["Metadata"]["AWS::CloudFormation::Interface"]
+    grouped = [name for group in interface["ParameterGroups"] for name in group["Parameters"]]
+    assert grouped == list(TEMPLATE["Parameters"])
+    assert grouped[:2] == ["AlarmEmail", "ConcurrencyBudget"]
+    assert set(interface["ParameterLabels"]) == set(grouped)
+    assert all(parameter.get("Description") for parameter in TEMPLATE["Parameters"].values())
+
+
+def test_the_operations_guide_lists_every_parameter_in_order_with_its_default():
+    """docs/operations.md's parameter tables are the one place a person reads them: each
+    parameter once, in the template's order, with the template's default."""
+    guide = (ROOT / "docs" / "operations.md").read_text()
+    section = guide.split("## Parameters and sizing", 1)[1].split("### Quotas", 1)[0]
+    rows = re.findall(r"^\| `([A-Za-z]+)` \| ([^|]+) \|", section, re.MULTILINE)
+    assert [name for name, _ in rows] == list(TEMPLATE["Parameters"])
+    for name, shown in rows:
+        default = str(TEMPLATE["Parameters"][name].get("Default", ""))
+        assert shown.strip().strip("`") == (default or "empty"), name
