@@ -675,6 +675,16 @@ def main(argv: list[str] | None = None) -> int:
     except LimitsUnavailable as refused:  # never a silent run without the limits
         print(f"error: {refused}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as missing:  # a client's install, without the `local` extra
+        if (missing.name or "").partition(".")[0] not in LOCAL_EXTRA:
+            raise
+        needs = "pip install 'tocsin[local]'"
+        print(f"error: tocsin {args.command} runs the embedded runtime: {needs}", file=sys.stderr)
+        return 2
+
+
+# The top-level modules of the `local` extra's packages (pyproject.toml).
+LOCAL_EXTRA = ("moto", "samtranslator", "yaml", "matplotlib", "trustme")
 
 
 def until_interrupted() -> None:
