@@ -1,21 +1,22 @@
 """Flow control: a task that names a `flow` shares its key's limits with every other task
 of that key, across every executor invocation at once.
 
-* `rate`: at most that many sends in any second. A key has two ledger items on the Tasks
-  table, each a next free slot moved by a conditional write, slots `spacing_us` apart:
+* `rate`: at most that many sends in any second. A key has one ledger item on the Tasks
+  table, its next free slot, slots `spacing_us` apart, and every slot is handed out by it
+  once:
   - the plan: an executor plans all its batch's tasks of one key in one write once it has
-    claimed them, each at its due time or the first free slot after it. A task so held
-    past its due time has its slot written on it (`planned_ms`): the API shows when it
-    will fire, a retry of its invocation keeps it, and a slot later than the invocation
-    can wait for goes to an execution of its own that wakes for it (`tocsin.fire`);
-  - the sends: just before its gate, each send takes a slot of the key's sends, no
-    earlier than its planned one (`RateLedger.ticket`: one write a send), and goes in it.
-    One that its gate lets go later than SLOT_SLACK_MS past its slot (the CPU was busy)
-    takes one more (`tocsin.fire`): late sends do not bunch up, and what reaches a
-    receiver in any second stays within the rate, whichever invocations send. A slot
-    taken and not used is a gap, never a burst. A slot is taken when a send is ready (its
-    lease held, if it needs one), not long before, so an executor that falls behind takes
-    none that others could use.
+    claimed them, each at its due time or the first free slot after it, and each first
+    attempt goes in its slot, writing nothing more. A task so held past its due time has
+    its slot written on it (`planned_ms`): the API shows when it will fire, a retry of its
+    invocation keeps it, and a slot later than the invocation can wait for goes to an
+    execution of its own that wakes for it (`tocsin.fire`). A ledger write a send had made
+    one item the key's hot spot: a partition takes 1,000 writes a second;
+  - a retry, or a send that its lease or its gate lets go later than SLOT_SLACK_MS past
+    its slot (the CPU was busy), takes the next free slot (`RateLedger.ticket`: one
+    atomic add) when it is ready, not long before, so an executor that falls behind takes
+    none that others could use: late sends do not bunch up, and what reaches a receiver
+    in any second stays within the rate, whichever invocations send. A slot taken and not
+    used is a gap, never a burst.
 * `parallelism`: at most that many sends in flight at once. Each key has that many lease
   items; a send takes one (its invocation's, if one is free there) and its invocation
   hands it to its next send waiting for one, or gives it back at once (`Leases`). A
@@ -181,10 +182,11 @@ class RateLedger:
                 held_us = int(refused.response.get("Item", {}).get("free_us", {}).get("N", 0))
 
     def ticket(self, flow: Flow, ready_ms: int) -> int:
-        """A slot of the key's sends for one send ready at `ready_ms`: the next after the
-        last one taken (one atomic add, which no other writer makes fail), or `ready_ms`
-        itself when the key's sends are behind it (the one taken then is left unused,
-        and the key's next slot moved on, conditionally). The millisecond it starts."""
+        """A slot for one send ready at `ready_ms` that has none (a retry, or late for its
+        planned one): the key's next free slot (one atomic add, which no other writer
+        makes fail), or `ready_ms` itself when the key's slots are behind it (the one
+        taken then is left unused, and the key's next slot moved on, conditionally). The
+        millisecond it starts."""
         began = time.monotonic()
         try:
             return self._ticket(flow, ready_ms)
@@ -195,25 +197,25 @@ class RateLedger:
     def _ticket(self, flow: Flow, ready_ms: int) -> int:
         assert flow.rate is not None
         spacing, ready_us = spacing_us(flow.rate), ready_ms * 1000
-        key = _ledger_key(flow.key, "sent")
+        key = _ledger_key(flow.key, "rate")  # the plan's: one slot, one sender
         while True:
             added = self._table.update_item(
                 Key=key,
-                UpdateExpression="ADD next_us :spacing SET expires_at = :expires",
+                UpdateExpression="ADD free_us :spacing SET expires_at = :expires",
                 ExpressionAttributeValues={
                     ":spacing": spacing,
                     ":expires": ready_us // 1_000_000 + LEDGER_DAYS * 86_400,
                 },
                 ReturnValues="UPDATED_NEW",
             )
-            slot_us = int(added["Attributes"]["next_us"]) - spacing
+            slot_us = int(added["Attributes"]["free_us"]) - spacing
             if slot_us >= ready_us:
                 return -(-slot_us // 1000)
             try:
                 self._table.update_item(
                     Key=key,
-                    UpdateExpression="SET next_us = :next",
-                    ConditionExpression="next_us <= :ready",
+                    UpdateExpression="SET free_us = :next",
+                    ConditionExpression="free_us <= :ready",
                     ExpressionAttributeValues={":next": ready_us + spacing, ":ready": ready_us},
                 )
                 return ready_ms

@@ -126,7 +126,7 @@ def test_a_flow_s_ledger_calls_go_at_once_the_rest_wait(monkeypatch):
     due = clock.now_ms() + 500
     thread, let_go = _sleeping_gate(first, due)
     ledger = [
-        _request(TableName="tasks", Key={"task_id": {"S": "~flow:sent:one-host"}}),
+        _request(TableName="tasks", Key={"task_id": {"S": "~flow:rate:one-host"}}),
         _request(RequestItems={"tasks": {"Keys": [{"task_id": {"S": "~flow:lease0:k"}}]}}),
     ]
     for request in ledger:

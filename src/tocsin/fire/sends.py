@@ -67,12 +67,14 @@ def sends(held: list[Held]) -> list[list[Held]]:
     return calls
 
 
-def _deliver(tasks: list[ClaimedTask], lease_by_ms: int) -> tuple["_Turn", list[Answer]]:
+def _deliver(
+    tasks: list[ClaimedTask], lease_by_ms: int, planned: bool
+) -> tuple["_Turn", list[Answer]]:
     """Build the call's request whole, then have the wire write it at its turn (its due
-    millisecond, or its flow's slot and lease: `_Turn`): the turn as it went (when its
-    request was written, in which slot, how long the flow held it), and each task's
-    answer."""
-    turn = _Turn(tasks[0], lease_by_ms)
+    millisecond, or its flow's slot and lease: `_Turn`; `planned`: its first attempt, in
+    its plan's slot): the turn as it went (when its request was written, in which slot,
+    how long the flow held it), and each task's answer."""
+    turn = _Turn(tasks[0], lease_by_ms, planned)
     try:
         answers = _targets_own(_call, turn, tasks, turn=turn)
     except (PermanentTargetError, TransientTargetError) as error:  # for the whole call
@@ -89,22 +91,25 @@ LEASE_AHEAD_MS = 100
 
 class _Turn:
     """A call's turn (`wire.Turn`): its request is written at its due millisecond, or as its
-    flow lets it go. The flow's needs are held for the send: its planned slot, a lease of
-    its flow if it limits sends in flight, and a slot of its flow's sends if it has a rate
-    (`RateLedger.ticket`); a lease not had by `lease_by_ms`, or a slot past it, hands the
-    task on (`HandOn`), for a send then could not end in this invocation's time. A request
-    the wire would write late for its slot is not written: it takes one more, a moment
-    ahead (the write done by then), and goes in that one however late: on a CPU so busy
-    that gates miss their slots again and again, taking a slot for each miss would move
-    the flow's slots ahead faster than its sends, and no send would go.
+    flow lets it go. The flow's needs are held for the send: a lease of its flow if it
+    limits sends in flight, and a slot of its flow's rate. A first attempt goes in the
+    slot its plan took for it (`plan_flows`: one write for the invocation's tasks of a
+    flow), writing nothing more; a retry, or a send whose lease or gate comes later than
+    SLOT_SLACK_MS past its slot, takes the flow's next free one (`RateLedger.ticket`: one
+    write). A lease not had by `lease_by_ms`, or a slot past it, hands the task on
+    (`HandOn`), for a send then could not end in this invocation's time. A request the
+    wire would write late for its slot is not written: it takes one more, a moment ahead
+    (the write done by then), and goes in the last however late: on a CPU so busy that
+    gates miss their slots again and again, taking a slot for each miss would move the
+    flow's slots ahead faster than its sends, and no send would go.
 
     It keeps the millisecond its request was written, the slot it went in, and how long
     its flow held it: from its due time (or its coming, if later: an invocation that comes
     late is not its flow's doing, but one its flow handed it on to is) to its slot or
     lease."""
 
-    def __init__(self, task: ClaimedTask, lease_by_ms: int):
-        self.task, self.lease_by_ms = task, lease_by_ms
+    def __init__(self, task: ClaimedTask, lease_by_ms: int, planned: bool = False):
+        self.task, self.lease_by_ms, self.planned = task, lease_by_ms, planned
         self.went_ms = self.slot_ms = self.held_ms = 0
         self.raised: BaseException | None = None  # what the turn raised, not the target
 
@@ -129,6 +134,11 @@ class _Turn:
             ready_ms = max(task.fires_ms, free_ms, came_ms)
             if task.ledger is None:
                 return self._written(sent, ready_ms, None, ready_ms - came_ms)
+            if self.planned and ready_ms <= task.fires_ms + SLOT_SLACK_MS:
+                slot_ms = task.fires_ms  # its plan's, already its own
+                done = self._written(sent, slot_ms, SLOT_SLACK_MS, max(0, slot_ms - came_ms))
+                if not done.missed:
+                    return done
             gate.wait_until(ready_ms - TICKET_AHEAD_MS)
             ready_ms = max(ready_ms, clock.now_ms() + task.ledger.lead_ms())  # if already due
             for last_try in (False, True):
@@ -249,7 +259,7 @@ def fire(tasks: list[ClaimedTask], deadline_ms: int) -> list[Fired | Failed]:
         if ready:
             lease_by_ms = deadline_ms - limit_ms
             try:
-                went, sent = _deliver([tasks[i] for i in ready], lease_by_ms)
+                went, sent = _deliver([tasks[i] for i in ready], lease_by_ms, attempts == 1)
             except HandOn:  # a flow's task, alone in its call
                 if attempts == 1:  # never sent: it goes on with all its attempts ahead
                     raise
