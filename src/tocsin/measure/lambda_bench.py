@@ -19,6 +19,7 @@ throttling the sandboxes met (`nr_throttled`, `throttled_ms`).
 """
 
 import json
+from collections import Counter
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +58,7 @@ def lambda_limits(bench: Bench) -> dict[str, Any]:
             runs.append(figures)
             by_memory.setdefault(str(memory_mb), {})[task_type] = {
                 **figures["lateness_ms"],
-                **{key: figures[key] for key in PER_RUN},
+                **{key: figures[key] for key in (*PER_RUN, *JUDGED)},
             }
             if memory_mb == SIZES_MB[0]:
                 default_lateness += lateness
@@ -71,14 +72,18 @@ def lambda_limits(bench: Bench) -> dict[str, Any]:
         share = min(burst_tasks(TaskType(task_type), settings().burst_sends), tasks)
         figures, _, _ = same_millisecond(bench, SIZES_MB[0], task_type, share)
         runs.append(figures)
-        alone[task_type] = {**figures["lateness_ms"], "tasks": figures["submitted"]}
+        alone[task_type] = {
+            **figures["lateness_ms"],
+            "tasks": figures["submitted"],
+            **{k: figures[k] for k in JUDGED},
+        }
     return {
         "memory_mb": SIZES_MB[0],
         "per_run": tasks,
         "cpu_share": round(SIZES_MB[0] / MB_PER_CORE, 3),
         "calibrated_share": calibration.get("measured"),
         "tasks": sum(f["submitted"] for f in runs),
-        **{k: sum(f[k] for f in runs) for k in ("fired", "early", "duplicates", "lost")},
+        **{k: sum(f[k] for f in runs) for k in ("fired", *JUDGED)},
         "lateness_ms": {
             **{f"p{p}": percentile(default_lateness, p) for p in (50, 90, 99)},
             "max": max(default_lateness, default=0),
@@ -93,9 +98,11 @@ def lambda_limits(bench: Bench) -> dict[str, Any]:
         "by_memory": by_memory,
         "one_invocation": alone,
         "bodies_peak_rss_mb": bodies["peak_rss_mb"],
+        "bodies": {**bodies["lateness_ms"], **{k: bodies[k] for k in (*PER_RUN, *JUDGED)}},
     }
 
 
+JUDGED = ("early", "duplicates", "lost")  # each run's, and their sums: each should be 0
 # What each run reports beside its lateness (`same_millisecond`).
 PER_RUN = (
     "peak_rss_mb",
@@ -140,6 +147,7 @@ def same_millisecond(
                 arrivals = receiver.received()
             else:
                 arrivals, moto_ms = _at_the_queue(runtime.moto_endpoint.recorded(), target)
+            _say_why_doubled(bench, label, arrivals)
             peak_rss_mb = runtime.sandboxes.peak_memory_mb()
             tally = runtime.sandboxes.tally(EXECUTORS[task_type])
             calibration = runtime.calibration[0] if runtime.calibration else {}
@@ -158,6 +166,19 @@ def same_millisecond(
 
 
 EXECUTORS = {"webhook": "WebhookExecutorFunction", "sqs": "SqsExecutorFunction"}
+
+
+def _say_why_doubled(bench: Bench, label: str, arrivals: list[Arrival]) -> None:
+    """Each task that arrived more than once, with what its item says of its attempts: a
+    retry after an answer lost, or a send twice (the run's `duplicates`)."""
+    from tocsin.store import TaskStore
+
+    counts = Counter(a.task_id for a in arrivals)
+    store = TaskStore(settings().tasks_table)
+    for task_id in sorted(t for t, n in counts.items() if n > 1)[:5]:
+        item = store.get(task_id) or {}
+        said = {k: item.get(k) for k in ("status", "attempts", "tries", "lateness_ms")}
+        bench.progress.console.print(f"{label}: {task_id} arrived {counts[task_id]} times: {said}")
 
 
 def _warmed(runtime: "EmbeddedRuntime", task_type: str, planned: list[PlannedTask]) -> int:
