@@ -14,8 +14,9 @@ NEW_TABLE_WRITES_PER_SECOND = 4000  # what a new on-demand table sustains before
 CONNECT_TIMEOUT_S = 3.0  # every SDK or webhook connection's (tocsin.aws)
 READ_TIMEOUT_S = 10.0  # an SDK call's wait for its answer (tocsin.aws)
 WEBHOOK_CONNECT_TRIES = 3  # a webhook connection refused or timed out, within one attempt
-# A flow's limits (tocsin.flow): each send writes its key's sends item, and DynamoDB takes
-# about 1,000 writes a second on one item; a key's leases are read in one BatchGetItem.
+# A flow's limits (tocsin.flow): its plans, retries and late sends write its key's ledger
+# item, and DynamoDB takes about 1,000 writes a second on one; a key's leases are read in
+# one BatchGetItem.
 MAX_FLOW_RATE = 1000
 MAX_FLOW_PARALLELISM = 100
 
