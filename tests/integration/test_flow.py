@@ -88,8 +88,8 @@ def test_tasks_due_together_fire_at_their_flow_s_rate_in_due_order_none_early(ru
     tasks = ended(ids)
     slots = sorted(slot(t) for t in tasks)  # as planned, or later where a gate went late
     assert slots[0] >= due and all(b - a >= 260 for a, b in itertools.pairwise(slots))
-    for task in tasks:  # lateness counts the hold, the hold at least the slot's
-        assert fired(task) >= slot(task) and int(task["held_ms"]) >= slot(task) - due
+    for task in tasks:  # lateness counts the hold (from its invocation's coming, if later)
+        assert fired(task) >= slot(task) and 0 <= int(task["held_ms"]) <= fired(task) - due
         assert fired(task) == ms(task["fired_at"])
     arrivals = receiver.received()
     assert Counter(a.task_id for a in arrivals) == Counter(ids)
@@ -170,24 +170,27 @@ def test_sends_on_time_in_their_planned_slots_write_nothing_more_to_their_flow_s
     plans them in one write to the key's ledger, and each send on time goes in its slot,
     writing nothing more. Each had taken a slot of its own, a write a send on one item:
     a key's hot spot, since a partition takes 1,000 writes a second. A send late for its
-    slot (a busy CPU) takes one, or two, off the plan's 104 ms grid."""
+    slot (a busy CPU) takes one or two more, past the plan's eight or off its grid (an
+    atomic add each, and a conditional write when the key's slots are behind it)."""
     runtime.dynamodb.keep_journal()
-    due = early_in_a_second(clock.now_ms() + 2000)
+    due = early_in_a_second(clock.now_ms() + 4000)  # its invocation ready well before
     ids = [f"w{i}" for i in range(8)]
     for task_id in ids:
         store_task(flowing(receiver.url, due, task_id, rate=10))
     assert runtime.run_finder()["executions"] == 1
     tasks = ended(ids)
-    ledger = [
+    ledger = [  # every write to the key's items but its leases
         write["body"]
         for write in runtime.dynamodb.journal()
         if write["action"] == "UpdateItem"
-        and write["body"]["Key"]["task_id"]["S"] == "~flow:rate:one-host"
+        and write["body"]["Key"]["task_id"]["S"].startswith("~flow:")
+        and not write["body"]["Key"]["task_id"]["S"].startswith("~flow:lease")
     ]
-    taken = [w for w in ledger if w["UpdateExpression"].startswith("ADD")]
-    off_plan = [t for t in tasks if (slot(t) - due) % 104]
-    assert len(ledger) - len(taken) == 1  # the plan
-    assert len(taken) <= 2 * len(off_plan)
+    plans = [w for w in ledger if w["UpdateExpression"].startswith("SET free_us = :free,")]
+    moved = [t for t in tasks if slot(t) >= due + 8 * 104 or (slot(t) - due) % 104]
+    assert len(plans) == 1
+    assert len(moved) < len(tasks)  # most in the slots planned
+    assert len(ledger) - len(plans) <= 2 * 2 * len(moved)
     assert Counter(a.task_id for a in receiver.received()) == Counter(ids)
 
 
@@ -398,6 +401,9 @@ def test_a_fault_in_a_flow_s_ledger_is_retried_by_fire_and_the_rest_of_the_batch
         assert runtime.wait_for_executions(30)  # the retry's invocation seen to its end
     assert [i.error for i in seen] == ["TableUnavailable", None]
     assert seen[0].after["plain"]["status"] == "SUCCEEDED"  # sent in the first invocation
-    assert int(plain["attempts"]) == int(held["attempts"]) == 1  # the retry's, in its own
+    assert int(plain["attempts"]) == 1
+    # Its 500 came in the first invocation (its second attempt's slot refused) or, where
+    # its first attempt was late for its slot and that slot was refused, in the retry's.
+    assert 1 <= int(held["attempts"]) <= 2
     assert Counter(a.task_id for a in receiver.received()) == {"plain": 1, "held": 2}
     assert [e.status for e in runtime.executions()] == ["SUCCEEDED"]  # no dead letter

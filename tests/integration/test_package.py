@@ -26,7 +26,7 @@ def run(*command: str | Path, **options) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
     dist = tmp_path_factory.mktemp("dist")
-    done = run(sys.executable, "-m", "build", "--outdir", dist, ROOT)
+    done = run(sys.executable, "-m", "build", "--installer", "uv", "--outdir", dist, ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     return dist
 
