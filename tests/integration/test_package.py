@@ -3,6 +3,7 @@ wheel in a bare virtual environment gives the client and the CLI, without the em
 runtime (the `local` extra)."""
 
 import re
+import shutil
 import subprocess
 import sys
 import venv
@@ -13,6 +14,8 @@ import pytest
 from tocsin.cli import LOCAL_EXTRA
 
 ROOT = Path(__file__).parents[2]
+PACKAGE_FILES = ("pyproject.toml", "README.md", "LICENSE")
+LEFT_OUT = ("__pycache__", "*.egg-info")
 
 pytestmark = [pytest.mark.slow, pytest.mark.any_python]
 
@@ -25,8 +28,13 @@ def run(*command: str | Path, **options) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
-    dist = tmp_path_factory.mktemp("dist")
-    done = run(sys.executable, "-m", "build", "--installer", "uv", "--outdir", dist, ROOT)
+    """Built from a copy of what the package is made of: setuptools builds in the folder it
+    is given, where `sam build` may be building the layer's copy of the package too."""
+    source, dist = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("dist")
+    for name in PACKAGE_FILES:
+        shutil.copy2(ROOT / name, source / name)
+    shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns(*LEFT_OUT))
+    done = run(sys.executable, "-m", "build", "--installer", "uv", "--outdir", dist, source)
     assert done.returncode == 0, done.stderr[-2000:]
     return dist
 
