@@ -108,7 +108,7 @@ class _Turn:
     late is not its flow's doing, but one its flow handed it on to is) to its slot or
     lease."""
 
-    def __init__(self, task: ClaimedTask, lease_by_ms: int, planned: bool = False):
+    def __init__(self, task: ClaimedTask, lease_by_ms: int, planned: bool):
         self.task, self.lease_by_ms, self.planned = task, lease_by_ms, planned
         self.went_ms = self.slot_ms = self.held_ms = 0
         self.raised: BaseException | None = None  # what the turn raised, not the target
