@@ -37,7 +37,12 @@ REREAD_PAUSE_S = 0.05
 
 
 class ScheduleRefused(Exception):
-    """The schedule's writes were refused REFUSED_IN_A_ROW times: the next run tries again."""
+    """The schedule's writes were refused REFUSED_IN_A_ROW times: the next run tries again.
+    `written` holds the tasks made before, which stand."""
+
+    def __init__(self, refused: int, written: list[str]) -> None:
+        super().__init__(f"{refused} writes in a row refused")
+        self.written = written
 
 
 def occurrence_id(schedule_id: str, due_ms: int) -> str:
@@ -104,7 +109,7 @@ def materialize(
         if turned is Turned.CHANGED:
             refused += 1
             if refused >= REFUSED_IN_A_ROW:
-                raise ScheduleRefused(f"{refused} writes in a row refused")
+                raise ScheduleRefused(refused, written)
             time.sleep(random.uniform(0, REREAD_PAUSE_S * 2**refused))
             schedule = store.get(schedule["schedule_id"])
             continue
@@ -271,18 +276,22 @@ def materialize_due(
     until = now_ms + config.lookahead_s * 1000
     ids = [sid for shard in range(config.shards) for sid in store.due(str(shard), until)]
 
-    def one(schedule_id: str) -> list[str] | None:
+    def one(schedule_id: str) -> tuple[list[str], bool]:
+        """The tasks written, and whether the schedule was turned as far as it could be."""
         try:
-            return materialize(store, store.get(schedule_id), config, now_ms, until, deadline)
+            return materialize(store, store.get(schedule_id), config, now_ms, until, deadline), True
+        except ScheduleRefused as refused:  # another finder's, or throttling: the next run
+            logger.warning("schedule not turned", schedule_id=schedule_id, reason=str(refused))
+            return refused.written, False
         except Exception:
             logger.exception("schedule not turned", schedule_id=schedule_id)
-            return None
+            return [], False
 
     with ThreadPoolExecutor(max_workers=config.dispatch_workers) as pool:
         made = list(pool.map(one, ids))
-    written = [task_id for task_ids in made if task_ids is not None for task_id in task_ids]
+    written = [task_id for task_ids, _ in made for task_id in task_ids]
     return written, {
         "schedules_due": len(ids),
         "occurrences_made": len(written),
-        "schedule_errors": made.count(None),
+        "schedule_errors": sum(not turned for _, turned in made),
     }

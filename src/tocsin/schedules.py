@@ -258,9 +258,9 @@ def _turn_near_occurrences(item: dict[str, Any], config: Settings) -> None:
     until, deadline = now + config.lookahead_s * 1000, time.monotonic() + DISPATCH_BUDGET_S
     try:
         written = materialize(_store(config), item, config, now, until, deadline)
-    except ScheduleRefused:
+    except ScheduleRefused as refused:
         logger.warning("occurrences left to the finder", schedule_id=item["schedule_id"])
-        return
+        written = refused.written
     _start_due_soon(written, config)
 
 

@@ -233,6 +233,16 @@ def test_a_failed_or_ambiguous_write_makes_no_task_twice_and_skips_none(
     assert int(all_schedules()[0]["occurrences"]) == len(dues)
 
 
+def _conflict(request: AWSPreparedRequest) -> AWSResponse:
+    """DynamoDB's answer to a transaction cancelled for a conflict."""
+    body = {
+        "__type": "com.amazonaws.dynamodb.v20120810#TransactionCanceledException",
+        "message": "Transaction cancelled",
+        "CancellationReasons": [{"Code": "None"}, {"Code": "TransactionConflict"}],
+    }
+    return AWSResponse(request.url, 400, {}, MockRawResponse(json.dumps(body).encode()))
+
+
 def test_a_schedule_whose_transactions_keep_being_cancelled_holds_back_no_dispatch(
     runtime, receiver
 ):
@@ -251,12 +261,7 @@ def test_a_schedule_whose_transactions_keep_being_cancelled_holds_back_no_dispat
 
     def cancel(request: AWSPreparedRequest, **_: object) -> AWSResponse:
         cancelled.append(1)
-        body = {
-            "__type": "com.amazonaws.dynamodb.v20120810#TransactionCanceledException",
-            "message": "Transaction cancelled",
-            "CancellationReasons": [{"Code": "None"}, {"Code": "TransactionConflict"}],
-        }
-        return AWSResponse(request.url, 400, {}, MockRawResponse(json.dumps(body).encode()))
+        return _conflict(request)
 
     time.sleep(2.5)  # its first occurrence now within the look-ahead
     with hooked(aws.client("dynamodb"), ("before-send.dynamodb.TransactWriteItems", cancel)):
@@ -265,6 +270,27 @@ def test_a_schedule_whose_transactions_keep_being_cancelled_holds_back_no_dispat
     assert len(cancelled) == REFUSED_IN_A_ROW
     assert report["started"] == 1 and stored("plain")["status"] == "PENDING"
     assert runtime.run_finder()["occurrences_made"] >= 1  # the next run, writes accepted
+
+
+def test_the_tasks_a_schedule_made_before_its_writes_were_refused_are_counted(runtime, receiver):
+    """Its first occurrence written, every later write cancelled: the schedule is an error
+    for this run, and the task it did make is counted as made (a second finder that wins
+    the schedule's later writes is this case)."""
+    lookahead_ms = settings().lookahead_s * 1000
+    start = clock.now_ms() + lookahead_ms + 2000
+    call_api(runtime, "POST", "/schedules", every_two_seconds(receiver.url, start))
+    calls: list[int] = []
+
+    def cancel_after_the_first(request: AWSPreparedRequest, **_: object) -> AWSResponse | None:
+        calls.append(1)
+        return None if len(calls) == 1 else _conflict(request)
+
+    hook = ("before-send.dynamodb.TransactWriteItems", cancel_after_the_first)
+    with hooked(aws.client("dynamodb"), hook):
+        written, report = materialize_due(settings(), clock.now_ms() + 6000)
+    assert report["schedule_errors"] == 1
+    assert report["occurrences_made"] == 1 == len(all_tasks())
+    assert written == [t["task_id"] for t in all_tasks()]
 
 
 def test_each_owner_sees_only_their_schedules_and_occurrences(runtime, receiver):
