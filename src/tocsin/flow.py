@@ -25,6 +25,7 @@ of that key, across every executor invocation at once.
 A task that names no flow reads and writes none of this.
 """
 
+import bisect
 import hashlib
 import json
 import math
@@ -229,9 +230,10 @@ class NoLeaseInTime(Exception):
 
 @dataclass(eq=False)
 class _Waiter:
-    """A send waiting for a lease: woken when one is handed to it, or when it is first in
-    line and must look for one."""
+    """A send waiting for a lease, at its place in line: woken when one is handed to it, or
+    when it is first in line and must look for one."""
 
+    place_ms: int
     woken: threading.Event = field(default_factory=threading.Event)
     granted: bool = False
 
@@ -239,7 +241,9 @@ class _Waiter:
 class Leases:
     """One invocation's leases of a key's `parallelism` lease items: sends through them.
 
-    Sends wait in line for a lease, in the order they came. A send done hands its lease to
+    Sends wait in line for a lease, in the order of their places: the moment each came, or
+    should have (a first attempt's thread the CPU woke late goes ahead of a send due after
+    it). A send done hands its lease to
     the first in line, else gives it back at once: an invocation holds no lease it is not
     sending through, so however many invocations share a key, each sends as its sends
     come. Only the first in line reads the items for free ones, and between looks that
@@ -256,19 +260,19 @@ class Leases:
         self._flow, self._holder, self._until_ms = flow, holder, until_ms
         self._items = [_ledger_key(flow.key, f"lease{i}") for i in range(flow.parallelism)]
         self._held: list[dict[str, str]] = []  # lease items this invocation holds
-        self._line: deque[_Waiter] = deque()  # sends waiting for a lease, first come first
+        self._line: deque[_Waiter] = deque()  # sends waiting for a lease, by their places
         self._looking = False  # the first in line reads the items now
         self._next_look_ms = 0  # when they may be read again
         self._pause_ms = LEASE_POLL_MS  # between looks that found none, doubling to a cap
         self._lock = threading.Lock()
 
     @contextmanager
-    def sending(self, by_ms: int) -> Iterator[int]:
-        """Hold a lease for one send: the millisecond one was had, waited for until `by_ms`
-        at most (then NoLeaseInTime)."""
-        me = _Waiter()
+    def sending(self, place_ms: int, by_ms: int) -> Iterator[int]:
+        """Hold a lease for one send, in line at `place_ms`: the millisecond one was had,
+        waited for until `by_ms` at most (then NoLeaseInTime)."""
+        me = _Waiter(place_ms)
         with self._lock:
-            self._line.append(me)
+            bisect.insort_right(self._line, me, key=lambda waiter: waiter.place_ms)
         try:
             while not self._turn(me, by_ms):
                 pass

@@ -42,7 +42,7 @@ def test_a_lease_handed_to_a_send_as_it_gives_up_goes_on_at_once(table, monkeypa
     first_ends, first_ended = threading.Event(), threading.Event()
 
     def first_send() -> None:
-        with leases.sending(clock.now_ms() + 1000):
+        with leases.sending(clock.now_ms(), clock.now_ms() + 1000):
             first_ends.wait(10)
         first_ended.set()
 
@@ -61,8 +61,37 @@ def test_a_lease_handed_to_a_send_as_it_gives_up_goes_on_at_once(table, monkeypa
     while not leases._held:
         time.sleep(0.01)
     monkeypatch.setattr(Leases, "_turn", gives_up_as_the_first_ends)
-    with pytest.raises(NoLeaseInTime), leases.sending(clock.now_ms() + 100):
+    with pytest.raises(NoLeaseInTime), leases.sending(clock.now_ms(), clock.now_ms() + 100):
         pass
     holding.join()
     assert lease_held_until(table) == 0  # given back: free for any invocation's sends
     assert leases._held == []
+
+
+def test_a_send_that_joins_the_line_late_goes_ahead_of_those_due_after_it(table):
+    """The one lease held; the send of a later slot joins the line first (the thread of the
+    earlier one was woken late): the lease goes to the earlier slot's send first."""
+    leases = Leases(table, FLOW, "invocation-1", clock.now_ms() + 60_000)
+    now, order = clock.now_ms(), []
+    holder_ends = threading.Event()
+
+    def send(slot_ms: int) -> None:
+        with leases.sending(slot_ms, now + 10_000):
+            order.append(slot_ms)
+            if slot_ms == now:
+                holder_ends.wait(10)
+
+    holder = threading.Thread(target=send, args=(now,))
+    holder.start()
+    while not leases._held:
+        time.sleep(0.01)
+    waiting = []
+    for slot_ms in (now + 40, now + 20):  # the later one first
+        waiting.append(threading.Thread(target=send, args=(slot_ms,)))
+        waiting[-1].start()
+        while len(leases._line) < len(waiting):
+            time.sleep(0.01)
+    holder_ends.set()
+    for thread in (holder, *waiting):
+        thread.join(10)
+    assert order == [now, now + 20, now + 40]

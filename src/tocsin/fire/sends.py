@@ -130,7 +130,7 @@ class _Turn:
     def _send(self, sent: wire.Sent) -> wire.Sent:
         task = self.task
         came_ms = task.due_ms if task.flow_held else max(task.due_ms, clock.now_ms())
-        with _leased(task, task.fires_ms, self.lease_by_ms) as free_ms:
+        with _leased(task, task.fires_ms, self.lease_by_ms, self.planned) as free_ms:
             ready_ms = max(task.fires_ms, free_ms, came_ms)
             if task.ledger is None:
                 return self._written(sent, ready_ms, None, ready_ms - came_ms)
@@ -176,15 +176,18 @@ def _ticket(task: ClaimedTask, ready_ms: int) -> int:
 
 
 @contextmanager
-def _leased(task: ClaimedTask, slot_ms: int, by_ms: int) -> Iterator[int]:
+def _leased(task: ClaimedTask, slot_ms: int, by_ms: int, first: bool) -> Iterator[int]:
     """A lease of the task's flow held for its send in `slot_ms`, if it limits sends in
-    flight: the millisecond one was free (0 when it needs none)."""
+    flight: the millisecond one was free (0 when it needs none). A first attempt waits in
+    line at its slot, however late the CPU woke its thread, so the flow's sends go in due
+    order; a retry at its coming, behind the sends due by then."""
     if task.leases is None:
         yield 0
         return
     gate.wait_until(slot_ms - LEASE_AHEAD_MS)
+    place_ms = slot_ms if first else clock.now_ms()
     try:
-        with task.leases.sending(by_ms) as free_ms:
+        with task.leases.sending(place_ms, by_ms) as free_ms:
             yield free_ms
     except NoLeaseInTime:
         raise HandOn(clock.now_ms()) from None
