@@ -47,6 +47,10 @@ pytestmark = [
 ]
 FLAGS = [*CHROMIUM_FLAGS, "--host-resolver-rules=MAP rebound.test 127.0.0.1"]  # a rebinding
 SHOTS = os.environ.get("TOCSIN_CONSOLE_SHOTS")
+# The page reloads its view every 2 s (POLL_MS), through a server that shares its process
+# with the runtime: on a loaded machine Playwright's 5 s for a change to show left little
+# more than one reload.
+expect.set_options(timeout=15_000)
 
 
 @pytest.fixture(scope="module")
