@@ -684,19 +684,21 @@ RACE_SPACING_MS = 25  # between the races' due times, on average: their API call
 def wake_ms(task_id: str, due_ms: int) -> int:
     """The wake time of the task's execution, read from its input: the claim follows it.
     The execution is the one its claim names, else the one its writer started (a batch of
-    its own)."""
+    its own). Without one (on a loaded machine the API can leave its start to the finder)
+    the nearest guess is a lead before it is due: an execution wakes that much or more."""
     from tocsin.store import TaskStore
 
+    guess_ms = due_ms - settings().lead_ms
     item = TaskStore(settings().tasks_table).get(task_id) or {}
     if not item:
-        return due_ms
+        return guess_ms
     name = item.get("execution") or Batch((due_task(item),)).execution_name
     arn = execution_arn(settings().state_machine_arn, name)
     sfn = aws.client("stepfunctions")
     try:
         given = json.loads(sfn.describe_execution(executionArn=arn)["input"])
-    except sfn.exceptions.ExecutionDoesNotExist:  # not started (yet): the nearest guess
-        return due_ms
+    except sfn.exceptions.ExecutionDoesNotExist:  # not started (yet)
+        return guess_ms
     return clock.to_ms(datetime.fromisoformat(given["wake_at"]))
 
 
