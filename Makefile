@@ -47,7 +47,7 @@ SUMMARY_GROUPS := lint templates tests-$(PYTHON_VERSION) tools tests-3.13 dynamo
 
 tool_pins = $(shell $(PYTHON) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml","rb"))["tool"]["tocsin"]["tools"]["$(1)"]))')
 
-.PHONY: demo test summary check mutants lock lint format tests tests-tools tests-built \
+.PHONY: demo test summary installs check mutants lock lint format tests tests-tools tests-built \
 	tests-runtime tests-dynamodb-local validate sam-validate sam-build cfn-lint statelint checkov \
 	dynamodb-local asl-interpreter chromium clean
 
@@ -69,6 +69,12 @@ summary:
 		printf '  %-16s %s\n' "$$group" "$$(cat $(GROUPS)/$$group 2>/dev/null || echo 'did not finish: see its output above')"; \
 	done
 
+# What every pass of the tests waits for: all that `make test` installs, so that no pass
+# that times a task runs beside an install (on a CI machine with cold caches, the passes that
+# started beside the installs missed their margins). The checks of the template run beside.
+installs: $(VENV)/.installed dynamodb-local asl-interpreter chromium $(SAMENV)/.installed \
+	$(CHKENV)/.installed $(if $(RUNTIME_PYTHON),$(RUNTIME_VENV)/.installed)
+
 # The inner loop: lint and the tests not marked slow, on this Python (under two minutes).
 check: lint $(VENV)/.installed
 	$(BIN)/pytest $(PYTEST) -m "not slow"
@@ -76,13 +82,13 @@ check: lint $(VENV)/.installed
 # The tests on this Python, but two kinds that run in passes of their own beside them, so
 # that no pass waits for what it does not use: those of `sam build`'s output (marked
 # `built`), run once it is built, and those of the developer tools (marked `tool`).
-tests: $(VENV)/.installed dynamodb-local asl-interpreter chromium
+tests: installs
 	@$(call judged,tests-$(PYTHON_VERSION),$(BIN)/pytest $(PYTEST) -m "not tool and not built")
 
 # The tools' tests live in a few files, and their pass collects those alone: each of its
 # processes spent about 5 s of CPU importing and collecting the other files for nothing.
 TOOL_TESTS := $(shell grep -rlE --include='test_*.py' 'pytest\.mark\.tool\b' tests)
-tests-tools: $(VENV)/.installed dynamodb-local
+tests-tools: installs
 	@$(call judged,tools,$(BIN)/pytest $(call pytest_in,$(TOOL_WORKERS)) -m tool $(TOOL_TESTS))
 
 tests-built: sam-build
@@ -93,7 +99,7 @@ tests-built: sam-build
 # `built`: the deploy smoke test) and those of the developer tools (marked `tool`: bench,
 # chaos, demo, serve), which run on the developer's Python; the functions the tools run,
 # the other tests run here.
-tests-runtime: dynamodb-local $(if $(RUNTIME_PYTHON),$(RUNTIME_VENV)/.installed)
+tests-runtime: installs
 ifeq ($(RUNTIME_PYTHON),)
 	@$(call missing,tests-3.13,no Python 3.13 (python3.13 on the PATH, or pyenv install 3.13))
 else
@@ -146,7 +152,7 @@ asl-interpreter:
 # engine, so that where moto and AWS differ a test fails (fault injection stays on moto).
 STORE_TESTS = $(addprefix tests/integration/,test_exactly_once.py test_reconcile.py \
 	test_api.py test_schedules.py test_bodies.py test_callbacks.py test_flow.py)
-tests-dynamodb-local: $(VENV)/.installed dynamodb-local
+tests-dynamodb-local: installs
 	@if [ -f $(DDB_LOCAL)/node_modules/.installed ]; then \
 		echo "TOCSIN_TEST_TABLES=dynamodb-local pytest (the store-heavy tests)"; \
 		$(call judged,dynamodb-local,TOCSIN_TEST_TABLES=dynamodb-local $(BIN)/pytest -q -n 3 \
