@@ -9,6 +9,7 @@ from pydantic import BaseModel, JsonValue
 from tocsin.callbacks import Callback
 from tocsin.flow import Flow
 from tocsin.model import TaskStatus, TaskType
+from tocsin.retry import ExhaustedBy, RetryPolicy
 
 
 class Failure(BaseModel):
@@ -24,10 +25,13 @@ class TaskSummary(BaseModel):
     version: int
     due_at: str
     type: TaskType
-    max_attempts: int
+    max_attempts: int  # retry's
+    retry: RetryPolicy
     attempts: int
     created_at: str
     updated_at: str | None = None
+    next_attempt_at: str | None = None  # RETRYING: when it is tried again
+    exhausted_by: ExhaustedBy | None = None  # FAILED after attempts: the limit it met
     fired_at: str | None = None
     lateness_ms: int | None = None
     result: JsonValue = None
@@ -74,7 +78,8 @@ class ScheduleView(BaseModel):
     type: TaskType
     target: dict[str, Any]
     payload: JsonValue
-    max_attempts: int
+    max_attempts: int  # retry's
+    retry: RetryPolicy  # each occurrence's
     catch_up: Literal["skip", "latest"]
     state: Literal["ENABLED", "PAUSED", "COMPLETED"]
     revision: int

@@ -18,7 +18,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from tocsin.index_keys import due_index_keys
-from tocsin.model import DEFAULT_MAX_ATTEMPTS, TaskStatus, TaskType, error_view, task_item
+from tocsin.model import TaskStatus, TaskType, error_view, task_item
+from tocsin.retry import RetryPolicy
 from tocsin.settings import Settings
 
 OUTCOMES = {TaskStatus.SUCCEEDED: "on_success", TaskStatus.FAILED: "on_failure"}
@@ -34,6 +35,7 @@ class Callback(BaseModel):
 
     type: TaskType
     target: dict[str, Any]
+    retry: RetryPolicy | None = None  # the callback task's own (tocsin.retry)
 
 
 def needed(item: dict[str, Any]) -> dict[str, Any] | None:
@@ -73,7 +75,7 @@ def callback_item(
         "due_at": item["due_at"],
         "attempts": int(fields.get("attempts", item.get("attempts", 0))),
     }
-    for name in ("fired_at", "lateness_ms"):
+    for name in ("fired_at", "lateness_ms", "exhausted_by"):
         if name in fields:
             outcome[name] = fields[name]
     if "result" in fields:
@@ -81,11 +83,10 @@ def callback_item(
     if "error" in fields:
         outcome["error"] = error_view(fields["error"])
     content = (json.dumps(wanted["target"]), json.dumps(outcome, separators=(",", ":")))
-    own_id = callback_id(task_id, version)
+    own_id, policy = callback_id(task_id, version), RetryPolicy(**wanted.get("retry", {}))
     task = task_item(
-        own_id, now_ms, TaskType(wanted["type"]), content, DEFAULT_MAX_ATTEMPTS, item["owner"],
-        now_ms, config,
-    )  # fmt: skip
+        own_id, now_ms, TaskType(wanted["type"]), content, policy, item["owner"], now_ms, config
+    )
     placed = due_index_keys(own_id, now_ms, config, max(written_by_ms, now_ms))
     return {**task, **placed, "callback_of": task_id}
 

@@ -23,6 +23,12 @@ HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z
 SECONDS_PER_UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+RETRY_HELP = (
+    'how a failing target is tried again, JSON: {"max_attempts": 25, "max_age_s": 86400, '
+    '"min_backoff_s": 1, "max_backoff_s": 3600}'
+)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from tocsin.measure import demo
 
@@ -236,6 +242,7 @@ def _submit_call(client: Any, args: argparse.Namespace) -> Any:
         payload=args.payload,
         id=args.id,
         max_attempts=args.max_attempts,
+        retry=args.retry,
         on_success=args.on_success,
         on_failure=args.on_failure,
         flow=args.flow,
@@ -277,7 +284,12 @@ def _add_task_commands(commands: Any) -> None:
     submit.add_argument("--payload", type=json_argument, default=None, help="payload, JSON")
     submit.add_argument("--at", required=True, type=when, help="+90s, +2h or ISO-8601 with zone")
     submit.add_argument("--id", help="your id for the task (made up if left out)")
-    submit.add_argument("--max-attempts", type=int, help="delivery attempts, 1-5 (3)")
+    submit.add_argument("--max-attempts", type=int, help="delivery attempts, 1-185 (25)")
+    submit.add_argument(
+        "--retry",
+        type=json_argument,
+        help=RETRY_HELP,
+    )
     for outcome in ("success", "failure"):
         submit.add_argument(
             f"--on-{outcome}",
@@ -297,7 +309,9 @@ def _add_task_commands(commands: Any) -> None:
     get.set_defaults(run=_api_command, call=lambda client, args: client.get(args.task_id))
 
     listing = commands.add_parser("list", parents=[common], help="list your tasks")
-    listing.add_argument("--status", help="PENDING, RUNNING, SUCCEEDED, FAILED or CANCELLED")
+    listing.add_argument(
+        "--status", help="PENDING, RUNNING, RETRYING, SUCCEEDED, FAILED or CANCELLED"
+    )
     listing.add_argument("--schedule", help="only this schedule's occurrences")
     listing.add_argument("--due-before", help="ISO-8601 time")
     listing.add_argument("--due-after", help="ISO-8601 time")
@@ -334,13 +348,18 @@ def _schedule_fields(command: argparse.ArgumentParser, creating: bool) -> None:
     command.add_argument("--type", required=creating, help="webhook, lambda, eventbridge, ...")
     command.add_argument("--target", required=creating, type=json_argument, help="JSON")
     command.add_argument("--payload", type=json_argument, help="payload of each occurrence, JSON")
-    command.add_argument("--max-attempts", type=int, help="delivery attempts, 1-5 (3)")
+    command.add_argument("--max-attempts", type=int, help="delivery attempts, 1-185 (25)")
+    command.add_argument(
+        "--retry",
+        type=json_argument,
+        help=RETRY_HELP,
+    )
     command.add_argument("--catch-up", choices=["skip", "latest"], help="missed occurrences")
 
 
 def _schedule_changes(args: argparse.Namespace) -> dict[str, Any]:
     names = ("expression", "timezone", "start_at", "end_at", "type", "target", "payload")
-    given = {name: getattr(args, name) for name in (*names, "max_attempts", "catch_up")}
+    given = {name: getattr(args, name) for name in (*names, "max_attempts", "retry", "catch_up")}
     return {name: value for name, value in given.items() if value is not None}
 
 

@@ -198,10 +198,13 @@ class Client:
         on_success: dict[str, Any] | None = None,
         on_failure: dict[str, Any] | None = None,
         flow: dict[str, Any] | None = None,
+        retry: dict[str, Any] | None = None,
     ) -> Task:
         """Schedule a task; without `id` one is made here, so a retried call cannot double it.
         `on_success` and `on_failure` ({"type", "target"}) are told the outcome once it ends
-        so; `flow` ({"key", "rate", "parallelism"}) shares its limits with the key's tasks."""
+        so; `flow` ({"key", "rate", "parallelism"}) shares its limits with the key's tasks;
+        `retry` ({"max_attempts", "max_age_s", "min_backoff_s", "max_backoff_s"}) says how
+        a failing target is tried again."""
         body: dict[str, Any] = {"id": id or uuid.uuid4().hex, "type": type, "target": target}
         body |= {"payload": payload, **_timing(due_at, delay)}
         given = {
@@ -209,6 +212,7 @@ class Client:
             "on_success": on_success,
             "on_failure": on_failure,
             "flow": flow,
+            "retry": retry,
         }
         body |= {name: value for name, value in given.items() if value is not None}
         return Task.model_validate(self._call("POST", "/tasks", body))
@@ -282,13 +286,15 @@ class Client:
         catch_up: str = "skip",
         id: str | None = None,
         max_attempts: int | None = None,
+        retry: dict[str, Any] | None = None,
     ) -> Schedule:
-        """A recurring schedule; without `id` one is made here, so a retry cannot double it."""
+        """A recurring schedule; without `id` one is made here, so a retry cannot double it.
+        `retry` is each occurrence's policy, as a task's."""
         body: dict[str, Any] = {"id": id or uuid.uuid4().hex, "expression": expression}
         body |= {"timezone": timezone, "type": type, "target": target, "payload": payload}
         body |= {"catch_up": catch_up, **_times(start_at=start_at, end_at=end_at)}
-        if max_attempts is not None:
-            body["max_attempts"] = max_attempts
+        given = {"max_attempts": max_attempts, "retry": retry}
+        body |= {name: value for name, value in given.items() if value is not None}
         return Schedule.model_validate(self._call("POST", "/schedules", body))
 
     def get_schedule(self, schedule_id: str) -> Schedule:

@@ -429,8 +429,9 @@ def dispatch_all(tasks: list[DueTask], settings: Settings, deadline: float) -> D
 
 def due_task(item: dict[str, Any]) -> DueTask:
     """A stored task (or its due index entry) as the dispatcher sees it."""
+    due = item.get("next_attempt_ms", item["due_ms"]) if "due_ms" in item else item["gsi_due_ms"]
     return DueTask(
-        int(item["due_ms"] if "due_ms" in item else item["gsi_due_ms"]),  # item, or index entry
+        int(due),  # the item's (at its next attempt, RETRYING), or its index entry's
         item["task_id"],
         int(item["version"]),
         TaskType(item["task_type"]),

@@ -51,7 +51,13 @@ class Busy(TaskError):
 
 
 class TransientTargetError(Exception):
-    """The target failed in a way a later attempt may not (timeouts, 5xx, throttling)."""
+    """The target failed in a way a later attempt may not (timeouts, 5xx, throttling).
+    `after_s`: when the target asked to be tried again (Retry-After), if it did; `throttled`:
+    it asked to be sent less (429, or 503 with Retry-After), which counts no attempt."""
+
+    def __init__(self, message: str, after_s: float | None = None, throttled: bool = False):
+        super().__init__(message)
+        self.after_s, self.throttled = after_s, throttled
 
 
 class PermanentTargetError(Exception):

@@ -9,19 +9,19 @@ from typing import Any
 from tocsin import clock
 from tocsin.flow import flow_view
 from tocsin.index_keys import due_index_keys
+from tocsin.retry import RetryPolicy, policy_of
 from tocsin.settings import Settings
 
 ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # a submitted task's id
 # any task's: a schedule's occurrence holds a `.`, a callback `.<version>.callback` more
 TASK_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,80}$"
 SCHEDULE_ID_PATTERN = r"^[A-Za-z0-9_-]{1,48}$"  # leaves room for `.<due ms>` (tocsin.occurrences)
-DEFAULT_MAX_ATTEMPTS = 3
-MAX_ATTEMPTS_LIMIT = 5  # the executor's backoffs (executor.BACKOFF_S) allow this many
 
 
 class TaskStatus(StrEnum):
     PENDING = "PENDING"
     RUNNING = "RUNNING"
+    RETRYING = "RETRYING"  # failed for now: due again at its next attempt (tocsin.retry)
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
@@ -69,7 +69,7 @@ def task_item(
     due_ms: int,
     task_type: TaskType,
     content: tuple[str, str],
-    max_attempts: int,
+    policy: RetryPolicy,
     owner: str,
     now_ms: int,
     config: Settings,
@@ -85,7 +85,8 @@ def task_item(
         "task_type": task_type.value,
         "target": target_json,
         "payload": stored_payload,
-        "max_attempts": max_attempts,
+        "max_attempts": policy.max_attempts,
+        **({"retry": kept} if (kept := policy.stored()) else {}),
         "owner": owner,
         "created_at": clock.to_iso(now_ms),
         **due_index_keys(task_id, due_ms, config, now_ms),
@@ -118,7 +119,10 @@ SUMMARY_ATTRIBUTES = (
     "due_ms",
     "task_type",
     "max_attempts",
+    "retry",
     "attempts",
+    "next_attempt_at",
+    "exhausted_by",
     "created_at",
     "updated_at",
     "fired_at",
@@ -150,17 +154,19 @@ def task_view(item: dict[str, Any]) -> dict[str, Any]:
 
 def task_summary(item: dict[str, Any]) -> dict[str, Any]:
     """The task as a listing shows it: all but its target and payload."""
+    policy = policy_of(item)
     view: dict[str, Any] = {
         "id": item["task_id"],
         "status": item["status"],
         "version": int(item["version"]),
         "due_at": item["due_at"],
         "type": item["task_type"],
-        "max_attempts": int(item.get("max_attempts", DEFAULT_MAX_ATTEMPTS)),
+        "max_attempts": policy.max_attempts,
+        "retry": policy.model_dump(),
         "attempts": int(item.get("attempts", 0)),
         "created_at": item["created_at"],
     }
-    for name in ("fired_at", "updated_at"):
+    for name in ("fired_at", "updated_at", "next_attempt_at", "exhausted_by"):
         if name in item:
             view[name] = item[name]
     if "lateness_ms" in item:

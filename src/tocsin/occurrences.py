@@ -22,6 +22,7 @@ from tocsin.dispatch import DueTask, due_task, stop_own_execution
 from tocsin.model import TaskStatus, TaskType, task_item
 from tocsin.observability import logger
 from tocsin.recurrence import Occurrences, parse
+from tocsin.retry import policy_of
 from tocsin.schedule_store import LEFTOVERS_SHARD, ScheduleState, ScheduleStore, Turned
 from tocsin.settings import Settings
 from tocsin.store import TaskStore
@@ -63,10 +64,8 @@ def occurrence_task(
 ) -> dict[str, Any]:
     task_id = occurrence_id(schedule["schedule_id"], due_ms)
     content = schedule.get("target", ""), schedule.get("payload", "")
-    task_type, attempts = TaskType(schedule["task_type"]), int(schedule["max_attempts"])
-    item = task_item(
-        task_id, due_ms, task_type, content, attempts, schedule["owner"], now_ms, config
-    )
+    task_type, policy = TaskType(schedule["task_type"]), policy_of(schedule)
+    item = task_item(task_id, due_ms, task_type, content, policy, schedule["owner"], now_ms, config)
     if "body" in schedule:  # kept apart: the occurrence names it too (tocsin.bodies)
         item = naming(item, schedule["body"])
     for name in ("callbacks", "flow"):  # each occurrence's own (tocsin.callbacks, .flow)

@@ -205,7 +205,7 @@ def _settle(
         _look_again_later(store, item, now_ms, config)
         return Reconciled.STILL_RUNNING
     requeues = int(item.get("requeues", 0))
-    if requeues < MAX_REQUEUES:
+    if requeues - int(item.get("retried", 0)) < MAX_REQUEUES:  # a retry's execution settled
         look = _once_settled(item, now_ms, config)
         requeued = store.requeue(task_id, version, requeues, look, now_ms)
         if requeued is None:
@@ -376,6 +376,6 @@ def _reconcile_one(
         return Reconciled.LETTER_OWED  # for the next run
     if status == TaskStatus.FAILED:
         return _send_owed_letter(store, item, config, now_ms, run.letters)
-    if status == TaskStatus.PENDING:
+    if status in (TaskStatus.PENDING, TaskStatus.RETRYING):
         return _start_late(store, item, config, now_ms, run)
     return _settle(store, item, config, now_ms, run)

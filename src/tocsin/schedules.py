@@ -25,8 +25,6 @@ from tocsin.flow import Flow
 from tocsin.index_keys import shard_of
 from tocsin.lifecycle import MAX_PAGE, decode_page_key, encode_page_key
 from tocsin.model import (
-    DEFAULT_MAX_ATTEMPTS,
-    MAX_ATTEMPTS_LIMIT,
     SCHEDULE_ID_PATTERN,
     TaskType,
 )
@@ -43,6 +41,7 @@ from tocsin.occurrences import (
     occurrences_of,
 )
 from tocsin.recurrence import MAX_UPCOMING, Occurrences, parse
+from tocsin.retry import MAX_ATTEMPTS, RetryPolicy, given_policy, policy_of
 from tocsin.schedule_store import SCHEDULE_PAGE_KEY, ScheduleState, ScheduleStore
 from tocsin.settings import Settings
 from tocsin.store import TaskStore
@@ -76,7 +75,8 @@ class ScheduleSpec(BaseModel):
     type: TaskType
     target: dict[str, Any]
     payload: JsonValue = None
-    max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1, le=MAX_ATTEMPTS_LIMIT)
+    max_attempts: int | None = Field(default=None, ge=1, le=MAX_ATTEMPTS)  # retry's
+    retry: RetryPolicy | None = None  # each occurrence's, as a task's (tocsin.retry)
     catch_up: CatchUp = CatchUp.SKIP
     on_success: Callback | None = None  # each occurrence's, as a task's (tocsin.callbacks)
     on_failure: Callback | None = None
@@ -104,7 +104,8 @@ class ScheduleChange(BaseModel):
     type: TaskType | None = None
     target: dict[str, Any] | None = None
     payload: JsonValue = None
-    max_attempts: int | None = Field(default=None, ge=1, le=MAX_ATTEMPTS_LIMIT)
+    max_attempts: int | None = Field(default=None, ge=1, le=MAX_ATTEMPTS)
+    retry: RetryPolicy | None = None
     catch_up: CatchUp | None = None
     on_success: Callback | None = None  # null: none from now on
     on_failure: Callback | None = None
@@ -139,6 +140,10 @@ def _schedule_item(
     target, payload = checked_content(spec.type, spec.target, spec.payload, InvalidSchedule)
     wanted = {"on_success": spec.on_success, "on_failure": spec.on_failure}
     callbacks = checked_callbacks(wanted, InvalidSchedule)
+    try:
+        policy = given_policy(spec.retry, spec.max_attempts)
+    except ValueError as error:
+        raise InvalidSchedule(str(error), field="max_attempts") from None
     item: dict[str, Any] = {
         "schedule_id": schedule_id,
         "owner": owner,
@@ -148,7 +153,8 @@ def _schedule_item(
         "task_type": spec.type.value,
         "target": target,
         "payload": payload,
-        "max_attempts": spec.max_attempts,
+        "max_attempts": policy.max_attempts,
+        **({"retry": kept} if (kept := policy.stored()) else {}),
         "catch_up": spec.catch_up.value,
         "state": ScheduleState.ENABLED.value,
         "revision": 1,
@@ -179,7 +185,7 @@ def _due_keys(schedule_id: str, next_ms: int, config: Settings) -> dict[str, Any
 def _body_hash(owner: str, spec: ScheduleSpec) -> str:
     """What identifies a creating request, its retries included (times as instants; the
     callbacks and flow only where named, so that a schedule without keeps the hash it had)."""
-    optional = ("on_success", "on_failure", "flow")
+    optional = ("on_success", "on_failure", "flow", "retry")
     unnamed = {name for name in optional if getattr(spec, name) is None}
     body = spec.model_dump(mode="json", exclude={"id", "start_at", "end_at", *unnamed})
     body |= {"start_at": _ms(spec.start_at), "end_at": _ms(spec.end_at)}
@@ -197,6 +203,7 @@ def _stored_spec(item: dict[str, Any]) -> dict[str, Any]:
         "target": json.loads(item["target"]),
         "payload": json.loads(item["payload"]),
         "max_attempts": int(item["max_attempts"]),
+        "retry": policy_of(item).model_dump(),
         "catch_up": item["catch_up"],
         **json.loads(item.get("callbacks", "{}")),
         **({"flow": json.loads(item["flow"])} if "flow" in item else {}),
@@ -325,6 +332,10 @@ def _merged(item: dict[str, Any], change: ScheduleChange) -> ScheduleSpec:
     """The schedule's spec with the change laid over it, checked as a new one would be."""
     stored = _stored_spec(item)
     changes = change.model_dump(mode="json", exclude_unset=True, exclude={"state"})
+    if "max_attempts" in changes:  # the stored policy's count gives way to the new one
+        stored["retry"] = {k: v for k, v in stored["retry"].items() if k != "max_attempts"}
+    if "retry" in changes:
+        stored.pop("max_attempts")
     try:
         return ScheduleSpec.model_validate(stored | changes)
     except ValidationError as error:

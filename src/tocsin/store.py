@@ -42,6 +42,10 @@ STATUS_AND_VERSION = {"#s": "status", "#v": "version"}
 # A version's flow slot (`tocsin.flow`): a new version is planned anew.
 PLANNED = ("planned_ms", "planned_at")
 HELD = ", ".join((*PLANNED, "held_ms"))
+# A RETRYING version's state (`retry_later`): gone once it ends, or a new version begins.
+RETRY_STATE = ("next_attempt_ms", "next_attempt_at", "throttled")
+# Not claimed yet: PENDING, or RETRYING (due at its next attempt); cancelled or changed so.
+UNCLAIMED = "#s IN (:pending, :retrying)"
 _serialize = TypeSerializer().serialize
 
 
@@ -288,13 +292,15 @@ class TaskStore:
         PENDING task names no execution: a requeue or a redrive removed its claim's.)
         """
         names, values, sets = _assignments(changes, "c")
-        # the body's other form, and the old version's flow slot
-        gone = ", ".join([*(n for n in (*CONTENT, "body") if n not in changes), *PLANNED])
+        # the body's other form, the old version's flow slot and its attempts
+        old = [*(n for n in (*CONTENT, "body") if n not in changes), *PLANNED, *RETRY_STATE]
+        gone = ", ".join([*old, "tries"])
         return self._update_if_changeable(
             task_id,
             owner,
-            f"SET #v = :next, #s = :pending, updated_at = :now, {sets} REMOVE {gone}",
-            {":next": version + 1, ":now": now_iso, ":version": version, **values},
+            f"SET #v = :next, #s = :pending, attempts = :zero, updated_at = :now, {sets} "
+            f"REMOVE {gone}",
+            {":next": version + 1, ":now": now_iso, ":version": version, ":zero": 0, **values},
             extra_condition=" AND #v = :version",
             extra_names=names,
         )
@@ -311,8 +317,13 @@ class TaskStore:
         return self._update(
             task_id,
             update,
-            "#o = :owner AND #s = :pending" + extra_condition,
-            {":owner": owner, ":pending": TaskStatus.PENDING.value, **values},
+            f"#o = :owner AND {UNCLAIMED}" + extra_condition,
+            {
+                ":owner": owner,
+                ":pending": TaskStatus.PENDING.value,
+                ":retrying": TaskStatus.RETRYING.value,
+                **values,
+            },
             {"#o": "owner", **(extra_names or {})},
             returning="ALL_NEW",
         )
@@ -331,12 +342,13 @@ class TaskStore:
                 Key={"task_id": task_id},
                 UpdateExpression="SET #s = :running, execution = :execution, attempt = :attempt, "
                 "lease_until = :lease",
-                ConditionExpression="#v = :v AND (#s = :pending OR (#s = :running "
+                ConditionExpression=f"#v = :v AND ({UNCLAIMED} OR (#s = :running "
                 "AND execution = :execution AND (attempt = :attempt OR lease_until < :now)))",
                 ExpressionAttributeNames=STATUS_AND_VERSION,
                 ExpressionAttributeValues={
                     ":running": TaskStatus.RUNNING.value,
                     ":pending": TaskStatus.PENDING.value,
+                    ":retrying": TaskStatus.RETRYING.value,
                     ":execution": holder.execution,
                     ":attempt": holder.attempt,
                     ":lease": holder.lease_until_ms,
@@ -380,7 +392,7 @@ class TaskStore:
         old = self._update_with_callback(
             {
                 "Key": {"task_id": task_id},
-                "UpdateExpression": f"SET #s = :status, {sets}",
+                "UpdateExpression": f"SET #s = :status, {sets} REMOVE {', '.join(RETRY_STATE)}",
                 "ConditionExpression": "#s = :running AND #v = :v AND attempt = :attempt",
                 "ExpressionAttributeNames": {**STATUS_AND_VERSION, **names},
                 "ExpressionAttributeValues": {
@@ -489,6 +501,34 @@ class TaskStore:
             is not None
         )
 
+    def retry_later(self, task_id: str, version: int, attempt: str, fields: dict[str, Any]) -> bool:
+        """Give a claimed task back, RETRYING, due at its next attempt: `fields` hold its
+        attempts so far, their errors, and its place in the dispatch index at that time.
+        Its `requeues` counts one more (its next execution needs a name of its own) and so
+        does `retried` (the reconciler's count of executions that ended unsettled leaves
+        these out). Whether it was given."""
+        names, values, sets = _assignments(fields, "f")
+        return (
+            self._update(
+                task_id,
+                f"SET #s = :retrying, {sets}, requeues = if_not_exists(requeues, :zero) + :one, "
+                "retried = if_not_exists(retried, :zero) + :one "
+                f"REMOVE execution, attempt, lease_until, {', '.join(PLANNED)}",
+                "#s = :running AND #v = :v AND attempt = :attempt",
+                {
+                    ":retrying": TaskStatus.RETRYING.value,
+                    ":running": TaskStatus.RUNNING.value,
+                    ":v": version,
+                    ":attempt": attempt,
+                    ":zero": 0,
+                    ":one": 1,
+                    **values,
+                },
+                names,
+            )
+            is not None
+        )
+
     def redrive(
         self, task_id: str, version: int, index_keys: dict[str, Any], now_iso: str
     ) -> dict[str, Any] | None:
@@ -497,7 +537,8 @@ class TaskStore:
             task_id,
             "SET #v = :next, #s = :pending, attempts = :zero, updated_at = :now, "
             "gsi_pk = :pk, gsi_due_ms = :due, placed_ms = :placed "
-            f"REMOVE #e, expires_at, execution, attempt, lease_until, requeues, tries, {HELD}",
+            "REMOVE #e, expires_at, execution, attempt, lease_until, requeues, retried, tries, "
+            f"exhausted_by, {HELD}, {', '.join(RETRY_STATE)}",
             "#s = :failed AND #v = :v",
             {
                 ":next": version + 1,
@@ -603,11 +644,12 @@ class TaskStore:
         self._update(
             task_id,
             "SET gsi_pk = :pk, gsi_due_ms = :look",
-            "#s IN (:pending, :running, :failed) AND #v = :v",
+            "#s IN (:pending, :retrying, :running, :failed) AND #v = :v",
             {
                 ":pk": keys["gsi_pk"],
                 ":look": keys["gsi_due_ms"],
                 ":pending": TaskStatus.PENDING.value,
+                ":retrying": TaskStatus.RETRYING.value,
                 ":running": TaskStatus.RUNNING.value,
                 ":failed": TaskStatus.FAILED.value,
                 ":v": version,

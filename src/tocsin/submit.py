@@ -28,14 +28,13 @@ from tocsin.dispatch import dispatch_if_due_soon
 from tocsin.errors import Conflict, InvalidTask, TaskError
 from tocsin.flow import Flow
 from tocsin.model import (
-    DEFAULT_MAX_ATTEMPTS,
     ID_PATTERN,
-    MAX_ATTEMPTS_LIMIT,
     TaskStatus,
     TaskType,
     task_item,
     task_view,
 )
+from tocsin.retry import MAX_ATTEMPTS, RetryPolicy, given_policy
 from tocsin.settings import MAX_PAYLOAD_BYTES, Settings, settings
 from tocsin.store import TaskStore
 from tocsin.targets import parse_target
@@ -96,10 +95,17 @@ class Submission(Timing):
     type: TaskType
     target: dict[str, Any]
     payload: JsonValue = None
-    max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1, le=MAX_ATTEMPTS_LIMIT)
+    max_attempts: int | None = Field(default=None, ge=1, le=MAX_ATTEMPTS)  # retry's
+    retry: RetryPolicy | None = None
     on_success: Callback | None = None
     on_failure: Callback | None = None
     flow: Flow | None = None
+
+    def policy(self, kind: type[TaskError] = InvalidTask) -> RetryPolicy:
+        try:
+            return given_policy(self.retry, self.max_attempts)
+        except ValueError as error:
+            raise kind(str(error), field="max_attempts") from None
 
 
 @dataclass(frozen=True)
@@ -159,6 +165,8 @@ def checked_callbacks(
         except ValidationError as error:
             raise invalid(error, f"{name}.target", kind) from None
         checked[name] = {"type": callback.type.value, "target": target.model_dump(mode="json")}
+        if callback.retry is not None:
+            checked[name]["retry"] = callback.retry.model_dump()
     return json.dumps(checked, separators=(",", ":")) if checked else None
 
 
@@ -183,13 +191,18 @@ def new_item(
     # request is recognised as the same one; callbacks and a flow only where named, so a
     # task without them keeps the hash it had before they existed.
     asked = [clock.to_ms(submission.due_at)] if submission.due_at else [str(submission.delay)]
-    hashed = [owner, *asked, submission.type, *content, submission.max_attempts]
-    named = {"callbacks": callbacks, "flow": submission.flow and submission.flow.stored()}
+    policy = submission.policy()
+    hashed = [owner, *asked, submission.type, *content, policy.max_attempts]
+    named = {
+        "callbacks": callbacks,
+        "flow": submission.flow and submission.flow.stored(),
+        "retry": policy.stored(),
+    }
     named = {name: value for name, value in named.items() if value}
-    body_hash = hashlib.sha256(json.dumps(hashed + list(named.values())).encode()).hexdigest()
-    item = task_item(
-        task_id, due_ms, submission.type, content, submission.max_attempts, owner, now_ms, config
-    )
+    body_hash = hashlib.sha256(
+        json.dumps(hashed + list(named.values()), default=str).encode()
+    ).hexdigest()
+    item = task_item(task_id, due_ms, submission.type, content, policy, owner, now_ms, config)
     return {**item, "body_hash": body_hash, **named}
 
 

@@ -70,11 +70,21 @@ def test_submit_creates_then_recognises_the_same_body_and_refuses_another(runtim
     body = sns_task()
     status, created = call_api(runtime, "POST", "/tasks", body)
     assert status == 201 and created["status"] == "PENDING" and created["version"] == 1
-    assert created["max_attempts"] == 3 and created["attempts"] == 0
+    assert created["max_attempts"] == 25 and created["attempts"] == 0
     assert call_api(runtime, "POST", "/tasks", body) == (200, created)
     status, error = call_api(runtime, "POST", "/tasks", {**body, "payload": {"n": 2}})
     assert status == 409 and error["error"]["field"] == "id"
     assert call_api(runtime, "GET", "/tasks/t-1") == (200, created)
+
+
+def test_a_tasks_retry_policy_is_kept_and_shown_and_max_attempts_is_its_count(runtime):
+    policy = {"max_attempts": 40, "max_age_s": 7200, "min_backoff_s": 0.5, "max_backoff_s": 600}
+    status, task = call_api(runtime, "POST", "/tasks", sns_task() | {"retry": policy})
+    assert status == 201 and task["retry"] == policy and task["max_attempts"] == 40
+    assert call_api(runtime, "GET", "/tasks/t-1")[1]["retry"] == policy
+    status, task = call_api(runtime, "POST", "/tasks", sns_task("t-2") | {"max_attempts": 2})
+    assert status == 201 and task["retry"]["max_attempts"] == 2
+    assert task["retry"]["max_age_s"] == 86_400  # the defaults, as EventBridge Scheduler's
 
 
 def test_submit_with_a_delay_generates_an_id_and_counts_from_now(runtime):

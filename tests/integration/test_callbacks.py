@@ -103,6 +103,7 @@ def test_a_callback_that_fails_is_dead_lettered_and_its_task_stays_succeeded(
 ):
     receiver.status_for["/done"] = 500
     body = with_callbacks(receiver.url, clock.now_ms() + 2000, "told")
+    body["on_success"]["retry"] = {"max_attempts": 3, "min_backoff_s": 0.5}
     assert call_api(runtime, "POST", "/tasks", body)[0] == 201
 
     callback = wait_for_status("told.1.callback", {"FAILED"})

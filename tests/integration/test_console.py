@@ -170,6 +170,25 @@ def test_a_tasks_page_shows_whom_it_tells_and_links_the_callback_both_ways(
     expect(page.locator("#view pre.on_success")).to_be_visible()
 
 
+def test_a_retrying_tasks_page_shows_its_next_attempt_and_the_errors_so_far(
+    console, page, runtime, receiver
+):
+    receiver.status_for["/down"] = 503
+    body = webhook_task(f"{receiver.url}/down", clock.now_ms() + 1500, "down")
+    body["retry"] = {"min_backoff_s": 600}
+    assert call_api(runtime, "POST", "/tasks", body)[0] == 201
+    waiting = wait_for_status("down", {"RETRYING"})
+    page.goto(f"{console}/#/task/down")
+    page.locator("#status", has_text="RETRYING").wait_for()
+    expect(page.locator("#next-attempt")).to_have_text(waiting["next_attempt_at"].replace("T", " "))
+    [attempt] = page.locator("#view tr.attempt").all_inner_texts()
+    assert attempt.startswith("1") and "503" in attempt
+    life = page.get_by_role("img", name="the task's life")
+    expect(life).to_contain_text("next attempt")
+    page.click("button[name=cancel]")
+    page.locator("#status", has_text="CANCELLED").wait_for()
+
+
 HELD_LONG_ENOUGH_MS = 2500  # for its page to load and show the hold on a busy machine
 
 

@@ -238,16 +238,15 @@ def test_a_send_that_gets_no_lease_in_its_invocation_s_time_goes_on_in_another(
     assert all(int(t["attempts"]) == 1 for t in tasks)
 
 
-def test_a_retry_its_flow_cannot_let_go_in_time_ends_the_task_with_its_attempts_counted(
+def test_a_retry_its_flow_cannot_let_go_in_time_goes_on_in_an_execution_of_its_own(
     runtime, receiver, short_invocations
 ):
     """One invocation, one send in flight at a time: the first task's send answers 500 at
     once, and the eight after it each hold the flow's lease until the webhooks' 1 s
     timeout. The first task's retry waits in line behind them until its invocation's time
     for a lease is up, about 3 s past their due time (8 s before its turn would come): it
-    ends out of time with the one attempt it made, as any retry out of time does. Handed
-    on, it would have started its attempts over. No task is sent more often than its
-    attempts say, nor than max_attempts."""
+    goes back RETRYING with the one attempt it made, and an execution of its own sends it
+    again. No task is sent more often than its attempts say."""
     # Due soon enough that the invocation starts at once: its time is then about 3 s past
     # the first due time, whenever the finder's wake plan would have woken it.
     due = early_in_a_second(clock.now_ms() + 2000)
@@ -259,14 +258,15 @@ def test_a_retry_its_flow_cannot_let_go_in_time_ends_the_task_with_its_attempts_
         url = f"{receiver.url}/{task_id}"
         store_task(flowing(url, due + 20 * i, task_id, parallelism=1))
     assert runtime.run_finder()["executions"] == 1
-    tasks = [wait_for_status(i, {"SUCCEEDED", "FAILED"}, timeout_s=60) for i in ids]
+    first = wait_for_status("t0", {"SUCCEEDED", "FAILED"}, timeout_s=60)
+    tasks = [first] + [wait_for_status(i, {"RETRYING", "SUCCEEDED"}, timeout_s=60) for i in ids[1:]]
 
     sent = Counter(a.task_id for a in receiver.received())
     for task in tasks:
-        assert sent[task["task_id"]] == int(task["attempts"]) <= 3
-    first = tasks[0]
-    assert (first["status"], int(first["attempts"])) == ("FAILED", 1)
-    assert "out of time after 1 attempts: its flow had no turn" in first["error"]
+        assert sent[task["task_id"]] == int(task["attempts"])
+    assert (first["status"], int(first["attempts"])) == ("SUCCEEDED", 2)
+    assert "500" in json.loads(first["tries"])[0]["error"]
+    assert "-v1r1" in first["execution"]  # an execution of its own
 
 
 def test_a_flow_s_parallelism_holds_across_invocations(runtime, receiver):

@@ -293,6 +293,18 @@ def test_the_tasks_a_schedule_made_before_its_writes_were_refused_are_counted(ru
     assert written == [t["task_id"] for t in all_tasks()]
 
 
+def test_a_schedules_retry_policy_is_each_occurrences_and_an_edit_changes_it(runtime, receiver):
+    policy = {"max_attempts": 9, "max_age_s": 600, "min_backoff_s": 2.0, "max_backoff_s": 60.0}
+    body = every_two_seconds(receiver.url, clock.now_ms() + 20_000, retry=policy)  # unclaimed
+    status, schedule = call_api(runtime, "POST", "/schedules", body)
+    assert status == 201 and schedule["retry"] == policy and schedule["max_attempts"] == 9
+    made = occurrences(runtime, "tick")
+    assert made and all(task["retry"] == policy for task in made)
+    status, edited = call_api(runtime, "PATCH", "/schedules/tick", {"max_attempts": 4})
+    assert status == 200 and edited["retry"] == policy | {"max_attempts": 4}
+    assert all(task["retry"]["max_attempts"] == 4 for task in occurrences(runtime, "tick"))
+
+
 def test_each_owner_sees_only_their_schedules_and_occurrences(runtime, receiver):
     start = clock.now_ms() + 30_000
     call_api(runtime, "POST", "/schedules", every_two_seconds(receiver.url, start), "alice")

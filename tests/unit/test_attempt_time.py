@@ -10,8 +10,9 @@ import pytest
 from tocsin import clock
 from tocsin.errors import TransientTargetError
 from tocsin.fire import wire
-from tocsin.fire.batch import ClaimedTask, Failed
+from tocsin.fire.batch import ClaimedTask, Later
 from tocsin.fire.sends import NoTimeToSend, fire
+from tocsin.retry import RetryPolicy
 from tocsin.targets.base import Delivery, Target
 
 LIMIT_S = 1.0
@@ -40,7 +41,8 @@ def no_sends_yet() -> Iterator[None]:
 
 
 def task(task_id: str, due_ms: int) -> ClaimedTask:
-    return ClaimedTask(task_id, 1, due_ms, SlowTarget(), "{}", max_attempts=5)
+    policy = RetryPolicy(max_attempts=5, min_backoff_s=0.5)
+    return ClaimedTask(task_id, 1, due_ms, SlowTarget(), b"{}", policy, first_due_ms=due_ms)
 
 
 def test_no_attempt_starts_that_could_end_after_the_deadline():
@@ -52,12 +54,14 @@ def test_no_attempt_starts_that_could_end_after_the_deadline():
     assert SlowTarget.sends == []
 
 
-def test_retries_stop_when_the_next_attempt_could_not_end_in_time():
-    """Backoffs of 0.5, 1 and 2 s with 1 s attempts: a third attempt starts at about 1.5 s
-    and could end by 2.5 s; a fourth could not end before 4.5 s, past the 4 s deadline."""
+def test_retries_in_the_invocation_stop_when_the_next_attempt_could_not_end_in_time():
+    """Backoffs of 0.5, 1 and 2 s (each up to a quarter longer) with 1 s attempts: a third
+    attempt starts by 1.9 s and could end by 2.9 s; a fourth could not end before 4.5 s,
+    past the 4 s deadline. The task goes RETRYING, due at that fourth attempt."""
     now = clock.now_ms()
     [outcome] = fire([task("flaky", now)], deadline_ms=now + 4000)
-    assert isinstance(outcome, Failed) and outcome.attempts == 3
-    assert outcome.cause.startswith("out of time after 3 attempts")
+    assert isinstance(outcome, Later) and outcome.attempts == 3
+    assert outcome.next_ms + LIMIT_S * 1000 > now + 4000
+    assert [t["error"] for t in outcome.tries] == ["503"] * 3
     assert len(SlowTarget.sends) == 3
     assert SlowTarget.sends[-1] + LIMIT_S * 1000 <= now + 4000

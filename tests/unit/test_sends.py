@@ -5,6 +5,7 @@ import json
 
 from tocsin.fire.batch import BatchTask, ClaimedTask, Failed, Held
 from tocsin.fire.sends import sends
+from tocsin.retry import RetryPolicy
 from tocsin.targets.sqs import SqsTarget
 from tocsin.targets.webhook import WebhookTarget
 
@@ -14,7 +15,7 @@ QUEUE = "https://sqs.us-east-1.amazonaws.com/123456789012/{}"
 
 def held(task_id: str, target, due_ms: int = DUE, payload_bytes: int = 10) -> Held:
     payload = json.dumps("x" * payload_bytes)
-    task = ClaimedTask(task_id, 1, due_ms, target, payload, max_attempts=3)
+    task = ClaimedTask(task_id, 1, due_ms, target, payload.encode(), RetryPolicy(), due_ms)
     return Held(BatchTask(task_id=task_id, version=1, due_ms=due_ms), task, held_before=False)
 
 

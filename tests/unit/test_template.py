@@ -13,10 +13,9 @@ from samtranslator.yaml_helper import yaml_parse
 from tocsin import aws
 from tocsin.dispatch import EXECUTORS, MAX_STAGGER_S
 from tocsin.fire.executor import FINISH_MARGIN_MS
-from tocsin.fire.sends import BACKOFF_S
 from tocsin.local.stack import expand_language_extensions
 from tocsin.measure.cost import AWS_LEAD_MS
-from tocsin.model import MAX_ATTEMPTS_LIMIT, TaskType
+from tocsin.model import TaskType
 from tocsin.targets import TARGETS
 
 ROOT = Path(__file__).parents[2]
@@ -121,10 +120,6 @@ def test_the_step_functions_local_mocks_name_real_task_states():
         for state, response in case.items():
             assert ASL["States"][state]["Type"] == "Task", state
             assert response in mocks["MockedResponses"], response
-
-
-def test_the_executor_backs_off_before_each_attempt_a_task_may_ask_for():
-    assert len(BACKOFF_S) + 1 == MAX_ATTEMPTS_LIMIT
 
 
 def test_at_the_parameters_maxima_one_attempt_still_fits_the_executors_timeout():

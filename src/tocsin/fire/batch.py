@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 from tocsin.callbacks import callback_key
 from tocsin.flow import Flow, Leases, RateLedger
 from tocsin.model import TASK_ID_PATTERN, TaskType, idempotency_key
+from tocsin.retry import ExhaustedBy, RetryPolicy
 from tocsin.sent import Fired, Try
 from tocsin.targets import Delivery, Target
 
@@ -37,8 +38,14 @@ class ClaimedTask:
     due_ms: int
     target: Target
     payload_json: bytes  # UTF-8, as a webhook sends it: no copy of a 200 KB body per send
-    max_attempts: int
+    policy: RetryPolicy
+    first_due_ms: int  # its own due time, from which its age counts (due_ms: this attempt's)
     requeues: int = 0
+    # what earlier invocations tried of it (it was RETRYING): the attempts made, those a
+    # throttling answer left uncounted, and the failed ones its item keeps
+    attempts_before: int = 0
+    throttled_before: int = 0
+    tries_before: tuple[Try, ...] = ()
     flow: Flow | None = None  # the limits it shares with its key's tasks (tocsin.flow)
     planned_ms: int = 0  # its flow's slot, when later than its due time
     # Its flow held it in an earlier invocation (handed on, or a claim retried): the hold
@@ -52,7 +59,8 @@ class ClaimedTask:
         """When its gate lets it go: its due time, or its flow's slot."""
         return max(self.due_ms, self.planned_ms)
 
-    def delivery(self) -> Delivery:
+    def delivery(self, attempt: int = 1) -> Delivery:
+        """The action of its `attempt`-th attempt (1 for the first)."""
         return Delivery(
             task_id=self.task_id,
             version=self.version,
@@ -60,6 +68,7 @@ class ClaimedTask:
                 callback_key(self.task_id) or idempotency_key(self.task_id, self.version)
             ),
             payload_json=self.payload_json,
+            attempt=attempt,
         )
 
     @cached_property
@@ -75,9 +84,23 @@ class Failed:
     cause: str
     attempts: int
     tries: tuple[Try, ...] = ()  # the attempts that failed, the last one among them
+    exhausted_by: ExhaustedBy | None = None  # the limit it met, once a target was tried
 
 
-Recorded = tuple[Fired | Failed, bool]  # a task's outcome, and whether its mark was written
+@dataclass(frozen=True)
+class Later:
+    """A task whose target failed for now, to be tried again at `next_ms`, by an execution
+    that wakes for it (RETRYING in the dispatch index): the pause was too long to spend in
+    this invocation, or its time was up."""
+
+    next_ms: int
+    cause: str
+    attempts: int
+    throttled: int
+    tries: tuple[Try, ...]
+
+
+Recorded = tuple[Fired | Failed | Later, bool]  # a task's outcome, and whether its mark was written
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ from tocsin.errors import Busy
 from tocsin.fire.batch import BatchEvent, BatchTask, ClaimedTask, Failed, Held
 from tocsin.fire.writes import TableUnavailable, written
 from tocsin.flow import flow_of
-from tocsin.model import DEFAULT_MAX_ATTEMPTS, TaskType
+from tocsin.model import TaskType
 from tocsin.observability import logger
+from tocsin.retry import policy_of
 from tocsin.store import Claim, Holder, TaskStore
 from tocsin.targets import parse_target
 
@@ -59,24 +60,36 @@ def claim_batch(
     held = []
     for (asked, claim), item in zip(won, items, strict=True):
         task = _claimed(item, asked, batch.task_type)
-        held.append(Held(asked, task, claim.taken_over or "requeues" in item, needed(item)))
+        held.append(Held(asked, task, claim.taken_over or _requeued(item), needed(item)))
         item.clear()  # its payload's text goes now: a batch's bodies are held once, as bytes
     return held, [asked.task_id for asked, claim in claims if claim.in_progress]
 
 
+def _requeued(item: dict[str, Any]) -> bool:
+    """Whether an execution of this version ended without settling it (the reconciler
+    requeued it), which may have sent it: a retry RETRYING recorded its attempts."""
+    return int(item.get("requeues", 0)) > int(item.get("retried", 0))
+
+
 def _claimed(item: dict[str, Any], asked: BatchTask, task_type: TaskType) -> ClaimedTask | Failed:
-    """The claimed item as a task to fire; a stored task that does not parse fails for good."""
+    """The claimed item as a task to fire; a stored task that does not parse fails for good.
+    One that was RETRYING goes on from the attempts its item records."""
     try:
         if item["task_type"] != task_type:
             raise ValueError(f"a {item['task_type']} task reached the {task_type} executor")
+        retrying = "next_attempt_ms" in item  # RETRYING, or claimed since it was
         return ClaimedTask(
             task_id=asked.task_id,
             version=asked.version,
             due_ms=asked.due_ms,
             target=parse_target(task_type, json.loads(item["target"])),
             payload_json=item["payload"].encode(),
-            max_attempts=int(item.get("max_attempts", DEFAULT_MAX_ATTEMPTS)),
+            policy=policy_of(item),
+            first_due_ms=int(item["due_ms"]),
             requeues=int(item.get("requeues", 0)),
+            attempts_before=int(item.get("attempts", 0)) if retrying else 0,
+            throttled_before=int(item.get("throttled", 0)) if retrying else 0,
+            tries_before=tuple(json.loads(item.get("tries", "[]"))) if retrying else (),
             flow=flow_of(item),
             planned_ms=int(item.get("planned_ms", 0)),
             flow_held="planned_ms" in item,

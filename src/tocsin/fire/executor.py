@@ -11,13 +11,14 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from tocsin import aws, clock
-from tocsin.dispatch import due_task, execution_name
-from tocsin.fire.batch import BatchEvent, ClaimedTask, Failed, Held, Recorded
+from tocsin.dispatch import DueTask, due_task, execution_name
+from tocsin.fire.batch import BatchEvent, ClaimedTask, Failed, Held, Later, Recorded
 from tocsin.fire.claims import claim_batch, let_go
-from tocsin.fire.marks import MARK_MARGIN_MS, finish, report, report_flows
+from tocsin.fire.marks import MARK_MARGIN_MS, finish, report, report_flows, retry_later
 from tocsin.fire.plans import given_back, hand_on, plan_flows, start_onward
 from tocsin.fire.sends import HandOn, fire, sends
 from tocsin.fire.writes import answered_by
+from tocsin.index_keys import writers_own
 from tocsin.model import TaskType
 from tocsin.observability import logger, metrics
 from tocsin.sent import Fired, SentLog
@@ -69,7 +70,7 @@ def execute(
     def run(call: list[Held]) -> list[Recorded | Exception | HandedOn]:
         """Fire a call's tasks (but one that failed already, or that the sent log shows an
         earlier invocation sent) and record each task's outcome."""
-        outcomes: dict[int, Fired | Failed] = {}
+        outcomes: dict[int, Fired | Failed | Later] = {}
         for i, each in enumerate(call):
             if isinstance(each.task, Failed):
                 outcomes[i] = each.task
@@ -88,10 +89,12 @@ def execute(
             outcomes.update(zip(to_fire, fired, strict=True))
         return [record(each, outcomes[i]) for i, each in enumerate(call)]
 
-    def record(each: Held, outcome: Fired | Failed) -> Recorded | Exception:
+    def record(each: Held, outcome: Fired | Failed | Later) -> Recorded | Exception:
         asked = each.asked
         try:
             mark_by = ends_ms - MARK_MARGIN_MS
+            if isinstance(outcome, Later):
+                return outcome, retry_later(store, holder, asked, outcome, mark_by)
             return outcome, finish(store, batch, holder, each, outcome, mark_by, callbacks)
         except Exception as error:
             if isinstance(outcome, Fired):  # sent, and the table will not say so
@@ -158,6 +161,8 @@ def _send_all(
         counts["callbacks"] = len(callbacks)
         tasks = [due_task(item) for item in callbacks]
         start_onward(tasks, batch.execution, ends_ms - MARK_MARGIN_MS, "callbacks")
+    if retries := _started_here(done, batch):
+        start_onward(retries, batch.execution, ends_ms - MARK_MARGIN_MS, "retries")
     if failed:
         raise failed[0][1]
     for each, (outcome, recorded) in done:  # type: ignore[misc]
@@ -167,6 +172,29 @@ def _send_all(
             metrics.add_metric(name="OutcomeUnrecorded", unit=MetricUnit.Count, value=1)
             logger.warning("outcome not recorded", task_id=each.asked.task_id)
     report_flows(done)
+
+
+def _started_here(
+    done: list[tuple[Held, Recorded | BaseException]], batch: BatchEvent
+) -> list[DueTask]:
+    """The tasks given back RETRYING whose next attempt is too near for the finder to see
+    it in time (`writers_own`): this invocation starts their executions, as a writer
+    does. Each needs a name of its own: its `requeues`, one more."""
+    now_ms, config = clock.now_ms(), settings()
+    return [
+        DueTask(
+            outcome.next_ms,
+            each.asked.task_id,
+            each.asked.version,
+            batch.task_type,
+            each.task.requeues + 1,  # type: ignore[union-attr]
+        )
+        for each, recorded in done
+        if not isinstance(recorded, BaseException)
+        and isinstance(outcome := recorded[0], Later)
+        and recorded[1]
+        and writers_own(outcome.next_ms, now_ms, config)
+    ]
 
 
 def executor_handler(task_type: TaskType) -> Callable[[dict[str, Any], LambdaContext], Any]:

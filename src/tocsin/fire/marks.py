@@ -10,9 +10,9 @@ from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 from tocsin import clock
 from tocsin.callbacks import callback_item
 from tocsin.dead_letter import send_letter
-from tocsin.fire.batch import BatchEvent, BatchTask, ClaimedTask, Failed, Held, Recorded
+from tocsin.fire.batch import BatchEvent, BatchTask, ClaimedTask, Failed, Held, Later, Recorded
 from tocsin.fire.writes import answered_by, written
-from tocsin.index_keys import owed_letter_keys
+from tocsin.index_keys import due_index_keys, owed_letter_keys
 from tocsin.model import TaskStatus
 from tocsin.observability import logger, metrics
 from tocsin.sent import Fired
@@ -54,6 +54,8 @@ def finish(
         status = TaskStatus.FAILED
         error = {"Error": outcome.error, "Cause": outcome.cause}
         fields["error"] = json.dumps(error)
+        if outcome.exhausted_by is not None:
+            fields["exhausted_by"] = outcome.exhausted_by.value
         fields |= owed_letter_keys(asked.task_id, clock.now_ms(), settings())
     callback = None
     if each.ending is not None:
@@ -77,7 +79,38 @@ def finish(
     return finished
 
 
-def report(asked: BatchTask, outcome: Fired | Failed, counts: Counter[str]) -> None:
+def retry_later(
+    store: TaskStore, holder: Holder, asked: BatchTask, outcome: Later, deadline_ms: int
+) -> bool:
+    """Give the task back RETRYING, in the dispatch index at its next attempt, with the
+    attempts made and the errors kept (`TaskStore.retry_later`); whether it was this
+    attempt's to give. No callback and no dead letter: it has not ended."""
+    now_ms = clock.now_ms()
+    fields: dict[str, Any] = {
+        "attempts": outcome.attempts,
+        "throttled": outcome.throttled,
+        "tries": json.dumps(outcome.tries),
+        "next_attempt_ms": outcome.next_ms,
+        "next_attempt_at": clock.to_iso(outcome.next_ms),
+        "updated_at": clock.to_iso(now_ms),
+        **due_index_keys(asked.task_id, outcome.next_ms, settings(), now_ms),
+    }
+    return written(
+        asked.task_id,
+        deadline_ms,
+        lambda: answered_by(
+            deadline_ms,
+            lambda: store.retry_later(asked.task_id, asked.version, holder.attempt, fields),
+        ),
+    )
+
+
+def report(asked: BatchTask, outcome: Fired | Failed | Later, counts: Counter[str]) -> None:
+    if isinstance(outcome, Later):
+        counts["retrying"] += 1
+        metrics.add_metric(name="Retrying", unit=MetricUnit.Count, value=1)
+        logger.info("retrying", task_id=asked.task_id, next_attempt_ms=outcome.next_ms)
+        return
     if isinstance(outcome, Failed):
         counts["failed"] += 1
         metrics.add_metric(name="Failed", unit=MetricUnit.Count, value=1)

@@ -14,15 +14,14 @@ from botocore.exceptions import BotoCoreError, ClientError
 from tocsin import clock, gate
 from tocsin.errors import PermanentTargetError, TransientTargetError
 from tocsin.fire import wire
-from tocsin.fire.batch import ClaimedTask, Failed, Held
+from tocsin.fire.batch import ClaimedTask, Failed, Held, Later
 from tocsin.fire.writes import TableUnavailable
 from tocsin.flow import SLOT_SLACK_MS, TICKET_AHEAD_MS, NoLeaseInTime
 from tocsin.model import BATCH_ENTRIES
 from tocsin.observability import logger
+from tocsin.retry import KEPT_TRIES, SHORT_PAUSE_S, ExhaustedBy
 from tocsin.sent import Fired, Try
 from tocsin.targets.base import BATCH_BYTES, Answer, BatchedTarget, entry_bytes
-
-BACKOFF_S = (0.5, 1.0, 2.0, 4.0)  # before the 2nd, 3rd, 4th and 5th attempt
 
 
 class HandOn(Exception):
@@ -68,15 +67,15 @@ def sends(held: list[Held]) -> list[list[Held]]:
 
 
 def _deliver(
-    tasks: list[ClaimedTask], lease_by_ms: int, planned: bool
+    tasks: list[ClaimedTask], lease_by_ms: int, attempts: int
 ) -> tuple["_Turn", list[Answer]]:
     """Build the call's request whole, then have the wire write it at its turn (its due
-    millisecond, or its flow's slot and lease: `_Turn`; `planned`: its first attempt, in
-    its plan's slot): the turn as it went (when its request was written, in which slot,
-    how long the flow held it), and each task's answer."""
-    turn = _Turn(tasks[0], lease_by_ms, planned)
+    millisecond, or its flow's slot and lease: `_Turn`; its first attempt here goes in its
+    plan's slot), as the invocation's `attempts`-th: the turn as it went (when its request
+    was written, in which slot, how long the flow held it), and each task's answer."""
+    turn = _Turn(tasks[0], lease_by_ms, attempts == 1)
     try:
-        answers = _targets_own(_call, turn, tasks, turn=turn)
+        answers = _targets_own(_call, turn, tasks, attempts, turn=turn)
     except (PermanentTargetError, TransientTargetError) as error:  # for the whole call
         turn.went_ms = clock.now_ms()
         return turn, [error] * len(tasks)
@@ -193,12 +192,13 @@ def _leased(task: ClaimedTask, slot_ms: int, by_ms: int, first: bool) -> Iterato
         raise HandOn(clock.now_ms()) from None
 
 
-def _call(turn: _Turn, tasks: list[ClaimedTask]) -> list[Answer]:
-    """Send `tasks` in their turn: a batched target's tasks in one call, any other's alone."""
+def _call(turn: _Turn, tasks: list[ClaimedTask], attempts: int) -> list[Answer]:
+    """Send `tasks` in their turn, as this invocation's `attempts`-th: a batched target's
+    tasks in one call, any other's alone."""
     target = tasks[0].target
     if not isinstance(target, BatchedTarget):
         [task] = tasks
-        return [target.send(task.delivery(), turn)]
+        return [target.send(task.delivery(task.attempts_before + attempts), turn)]
     entries = [task.entry for task in tasks]
     return type(target).send_entries(target.batch_key(), entries, turn)
 
@@ -223,27 +223,37 @@ def _targets_own(call: Callable[..., Returned], *args: Any, turn: _Turn | None =
         raise PermanentTargetError(f"unforeseen {type(error).__name__} in the target") from error
 
 
-def fire(tasks: list[ClaimedTask], deadline_ms: int) -> list[Fired | Failed]:
+def fire(tasks: list[ClaimedTask], deadline_ms: int) -> list[Fired | Failed | Later]:
     """Prepare, gate and send tasks due in one millisecond that share a call (`sends`), or
-    one task alone; transient failures again after a backoff, while attempts allow another
-    and it can end before `deadline_ms` (one attempt may take the target's
-    `attempt_limit_s`: an invocation killed mid-attempt may have acted unrecorded, and
-    its retry would act again). Each task's outcome, in order."""
+    one task alone, and try a failed one again after its policy's backoff (`tocsin.retry`):
+    in this invocation while the pause is short and an attempt can end before
+    `deadline_ms` (one attempt may take the target's `attempt_limit_s`: an invocation
+    killed mid-attempt may have acted unrecorded, and its retry would act again), else
+    `Later`, RETRYING. Each task's outcome, in order."""
     due_ms, limit_ms = tasks[0].fires_ms, int(tasks[0].target.attempt_limit_s * 1000)
-    outcomes: dict[int, Fired | Failed] = {}
-    tries: list[list[Try]] = [[] for _ in tasks]  # each failed attempt, when and why
+    outcomes: dict[int, Fired | Failed | Later] = {}
+    tries: list[list[Try]] = [list(task.tries_before) for task in tasks]
+    throttled = [task.throttled_before for task in tasks]
     pending, prepared, attempts = list(range(len(tasks))), set(), 0
     went: _Turn | None = None  # the last attempt's turn
+    next_ms: dict[int, int] = {}  # a pending task's next attempt
 
-    def failed(i: int, cause: str) -> None:
-        outcomes[i] = Failed("PermanentTargetError", cause, attempts, tuple(tries[i]))
+    def made(i: int) -> int:
+        return tasks[i].attempts_before + attempts
+
+    def failed(i: int, cause: str, by: ExhaustedBy = ExhaustedBy.PERMANENT) -> None:
+        outcomes[i] = Failed("PermanentTargetError", cause, made(i), _kept(tries[i]), by)
+
+    def later(i: int, cause: str) -> None:
+        at_ms = next_ms.get(i, clock.now_ms() + int(tasks[i].policy.min_backoff_s * 1000))
+        outcomes[i] = Later(at_ms, cause, made(i), throttled[i], _kept(tries[i]))
 
     while pending:
         if max(clock.now_ms(), due_ms) + limit_ms > deadline_ms:  # it begins at the gate
             if not attempts:  # never tried: a fresh invocation will have the time
                 raise NoTimeToSend(", ".join(task.task_id for task in tasks))
             for i in pending:
-                failed(i, f"out of time after {attempts} attempts")
+                later(i, f"out of time after {made(i)} attempts")
             break
         attempts += 1
         began_ms = max(clock.now_ms(), due_ms)
@@ -262,41 +272,68 @@ def fire(tasks: list[ClaimedTask], deadline_ms: int) -> list[Fired | Failed]:
         if ready:
             lease_by_ms = deadline_ms - limit_ms
             try:
-                went, sent = _deliver([tasks[i] for i in ready], lease_by_ms, attempts == 1)
+                went, sent = _deliver([tasks[i] for i in ready], lease_by_ms, attempts)
             except HandOn:  # a flow's task, alone in its call
-                if attempts == 1:  # never sent: it goes on with all its attempts ahead
+                if attempts == 1:  # never sent here: it goes on with its attempts ahead
                     raise
-                attempts -= 1  # a retry its flow could not let go in time: out of time, as
-                for i in pending:  # any retry, its tries kept (going on, it would start over)
-                    failed(i, f"out of time after {attempts} attempts: its flow had no turn")
+                attempts -= 1  # a retry its flow could not let go in time: later, its
+                for i in pending:  # tries kept
+                    later(i, f"out of time after {made(i)} attempts: its flow had no turn")
                 break
             answers.update(zip(ready, sent, strict=True))
         pending = []
         for i, answer in sorted(answers.items()):
             if isinstance(answer, dict) and went is not None:
+                tried = tuple(tries[i])
                 outcomes[i] = Fired(
-                    went.went_ms, answer, attempts, tuple(tries[i]), went.held_ms, went.slot_ms
+                    went.went_ms, answer, made(i), _kept(tried), went.held_ms, went.slot_ms
                 )
                 continue
             tries[i].append(_failed_try(began_ms, answer))
             if isinstance(answer, PermanentTargetError):
                 failed(i, str(answer))
-            elif attempts >= tasks[i].max_attempts:
-                failed(i, f"gave up after {attempts} attempts: {answer}")
-            else:
-                pending.append(i)
+                continue
+            throttled[i] += getattr(answer, "throttled", False)
+            why = _next_attempt(tasks[i], made(i) - throttled[i], answer)
+            if isinstance(why, ExhaustedBy):
+                done = "gave up" if why is ExhaustedBy.ATTEMPTS else "out of age"
+                failed(i, f"{done} after {made(i)} attempts: {answer}", why)
+                continue
+            next_ms[i] = why
+            pending.append(i)
         if pending:
-            pause_s = BACKOFF_S[min(attempts, len(BACKOFF_S)) - 1]
-            if clock.now_ms() + pause_s * 1000 + limit_ms > deadline_ms:
+            at_ms = max(next_ms[i] for i in pending)  # a call's tasks go again together
+            pause_ms = at_ms - clock.now_ms()
+            if pause_ms > SHORT_PAUSE_S * 1000 or at_ms + limit_ms > deadline_ms:
                 for i in pending:
-                    failed(i, f"out of time after {attempts} attempts: {answers[i]}")
+                    later(i, tries[i][-1]["error"])
                 break
-            time.sleep(pause_s)
+            time.sleep(max(pause_ms, 0) / 1000)
     return [outcomes[i] for i in range(len(tasks))]
 
 
+def _next_attempt(task: ClaimedTask, counted: int, error: Exception) -> int | ExhaustedBy:
+    """When a task that failed for now is tried next (its policy's backoff, or when the
+    target asked: Retry-After), or the limit that ends it: its attempts (`counted`, a
+    throttling answer's not among them), or its age at that attempt."""
+    policy = task.policy
+    if counted >= policy.max_attempts:
+        return ExhaustedBy.ATTEMPTS
+    after_s = getattr(error, "after_s", None)
+    pause_s = after_s if after_s is not None else policy.backoff_s(max(counted, 1))
+    at_ms = clock.now_ms() + int(pause_s * 1000)
+    if at_ms > task.first_due_ms + policy.max_age_s * 1000:
+        return ExhaustedBy.AGE
+    return at_ms
+
+
+def _kept(tries: list[Try] | tuple[Try, ...]) -> tuple[Try, ...]:
+    """The failed attempts a task's item keeps: the latest KEPT_TRIES."""
+    return tuple(tries[-KEPT_TRIES:])
+
+
 # A failed attempt's error as its history keeps it: enough to tell why, and a task's item
-# stays small whatever a target answers (max_attempts is 5 at most).
+# stays small whatever a target answers (KEPT_TRIES of them).
 TRY_ERROR_CHARS = 300
 
 

@@ -46,7 +46,8 @@ class WebhookReceiver:
 
     The answer is the next of `script_for[path]` while it lasts (a status, "hang": say
     nothing for `hang_s`, or "close": drop the connection), then `status_for[path]`, or 200,
-    given `answer_after_s` after the request arrived (a slow receiver). It counts the
+    given `answer_after_s` after the request arrived (a slow receiver), with the headers of
+    `headers_for[path]` (a Retry-After, say). It counts the
     requests it holds at once, arrived and not yet answered (`most_in_flight`).
     """
 
@@ -54,6 +55,7 @@ class WebhookReceiver:
         self.arrivals: list[Arrival] = []
         self.status_for: dict[str, int] = {}
         self.script_for: dict[str, list[Reply]] = {}
+        self.headers_for: dict[str, dict[str, str]] = {}
         self.hang_s = hang_s
         self.on_arrival: Callable[[Arrival], None] | None = None  # run before each answer
         self.answer_after_s = 0.0
@@ -120,6 +122,8 @@ class WebhookReceiver:
                     return
                 self.send_response(reply)
                 self.send_header("Content-Length", "0")
+                for name, value in receiver.headers_for.get(self.path, {}).items():
+                    self.send_header(name, value)
                 self.end_headers()
 
             def _take(self) -> Reply:

@@ -24,6 +24,7 @@ class Delivery(BaseModel):
     version: int
     idempotency_key: str
     payload_json: bytes  # UTF-8
+    attempt: int = 1  # which attempt this is: 1 for the first (a webhook's Tocsin-Attempt)
 
     def envelope(self) -> str:
         """The JSON most targets carry: ids for the receiver's own de-duplication, then payload."""

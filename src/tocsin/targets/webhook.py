@@ -32,6 +32,7 @@ from pydantic import Field, PrivateAttr, field_validator
 from tocsin import aws, clock
 from tocsin.errors import PermanentTargetError, TransientTargetError
 from tocsin.fire import wire
+from tocsin.retry import rate_limit_reset_s, retry_after_s
 from tocsin.settings import WEBHOOK_CONNECT_TRIES, settings
 from tocsin.targets import address_guard
 from tocsin.targets.base import Delivery, Target
@@ -39,7 +40,10 @@ from tocsin.targets.base import Delivery, Target
 SECRET_PREFIX = "whsec_"
 _RESERVED_HEADERS = {"host", "content-length", "content-type", "idempotency-key", "connection"}
 _RESERVED_PREFIXES = ("tocsin-", "webhook-")
-_RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
+# Tried again: a timeout, too early, throttled, or the receiver's fault (5xx).
+_RETRIED_STATUSES = frozenset({408, 425, 429, *range(500, 600)})
+# A receiver that answers with this header (any value) is not tried again: the task fails.
+NO_RETRY_HEADER = b"tocsin-no-retry"
 # A receiver takes a signature up to 5 minutes old (the Standard Webhooks verifier's fixed
 # tolerance): one for a due second more than this far past is made for now instead.
 SIGNATURE_FRESH_S = 60
@@ -208,6 +212,7 @@ class WebhookTarget(Target):
             ("Idempotency-Key", delivery.idempotency_key),
             ("Tocsin-Task-Id", delivery.task_id),
             ("Tocsin-Task-Version", str(delivery.version)),
+            ("Tocsin-Attempt", str(delivery.attempt)),
         ]
         if self._keys:
             now_ms = clock.now_ms()
@@ -242,18 +247,28 @@ def _path(url: str) -> str:
 
 
 def _status(sent: wire.Sent) -> int:
-    """The answer's status, or the failure it met: a 3xx (a redirect, not followed) or
-    another 4xx fails the task for good; a status in _RETRIED_STATUSES, a failed
-    connection and no answer in time are transient."""
+    """The answer's status, or the failure it met: a 3xx (a redirect, not followed),
+    another 4xx, or an answer that says not to retry (NO_RETRY_HEADER) fails the task for
+    good; a status in _RETRIED_STATUSES, a failed connection and no answer in time are
+    transient, tried again when `Retry-After` (or a 429's `X-RateLimit-Reset`) says."""
     if sent.answer is None:
         failure = sent.failure or "the connection closed while it waited"
         raise TransientTargetError(f"webhook request failed: {failure}")
-    status = sent.answer.status
-    if status in _RETRIED_STATUSES:
-        raise TransientTargetError(f"webhook answered {status}")
-    if not 200 <= status < 300:
+    status, headers = sent.answer.status, dict(sent.answer.headers)
+    if 200 <= status < 300:
+        return status
+    if NO_RETRY_HEADER in headers:
+        raise PermanentTargetError(f"webhook answered {status}, and not to retry")
+    if status not in _RETRIED_STATUSES:
         raise PermanentTargetError(f"webhook answered {status}")
-    return status
+    now_ms = clock.now_ms()
+    after_s = None
+    if b"retry-after" in headers:
+        after_s = retry_after_s(headers[b"retry-after"].decode("latin-1"), now_ms)
+    if after_s is None and status == 429 and b"x-ratelimit-reset" in headers:
+        after_s = rate_limit_reset_s(headers[b"x-ratelimit-reset"].decode("latin-1"), now_ms)
+    throttled = status == 429 or (status == 503 and after_s is not None)
+    raise TransientTargetError(f"webhook answered {status}", after_s, throttled)
 
 
 @cache

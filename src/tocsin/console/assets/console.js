@@ -398,7 +398,10 @@ function task(root, id) {
       ["fired at", shown(task.fired_at)],
       ["lateness", task.lateness_ms == null ? "–" : `${task.lateness_ms} ms`],
       ...flowFields(task),
-      ["attempts", `${task.attempts} of ${task.max_attempts}`], ["created at", shown(task.created_at)],
+      ["attempts", `${task.attempts} of ${task.max_attempts}`
+        + (task.exhausted_by ? ` (stopped by ${task.exhausted_by})` : "")],
+      ...(task.next_attempt_at ? [["next attempt", h("span", { id: "next-attempt" }, shown(task.next_attempt_at))]] : []),
+      ["created at", shown(task.created_at)],
       ["updated at", shown(task.updated_at)], ["execution", task.execution || "– (not claimed)"]];
     if (task.error) fields.push(["error", `${task.error.code || ""}: ${task.error.message || ""}`]);
     if (task.result !== undefined && task.result !== null) fields.push(["result", JSON.stringify(task.result)]);
@@ -442,7 +445,10 @@ function callbacks(task) {
 
 // Each attempt: the ones that failed (`tries`, with their errors), then the one that sent.
 function attemptRows(task) {
-  const rows = (task.tries || []).map((one, i) => [i + 1, one.at, `failed: ${one.error}`]);
+  // the item keeps the latest failed attempts only: numbered from the count made
+  const tries = task.tries || [];
+  const first = (task.fired_at ? task.attempts - 1 : task.attempts) - tries.length + 1;
+  const rows = tries.map((one, i) => [first + i, one.at, `failed: ${one.error}`]);
   if (task.fired_at) rows.push([task.attempts, task.fired_at, `sent, ${task.lateness_ms} ms late`]);
   return rows;
 }
@@ -453,6 +459,7 @@ function lifeAxis(task) {
   for (const [n, at, outcome] of attemptRows(task)) {
     moments.push([outcome.startsWith("failed") ? `attempt ${n} failed` : `fired (attempt ${n})`, at]);
   }
+  if (task.next_attempt_at) moments.push(["next attempt", task.next_attempt_at]);
   if (task.status === "CANCELLED" && task.updated_at) moments.push(["cancelled", task.updated_at]);
   else if (!["SUCCEEDED", "FAILED"].includes(task.status)) moments.push(["now", iso(Date.now())]);
   moments.sort((a, b) => ms(a[1]) - ms(b[1]));
