@@ -79,11 +79,13 @@ def test_an_entry_refused_for_now_is_sent_again_alone_and_one_refused_for_good_f
     event = due_together("sqs", 5, SAMPLE_TARGETS["sqs"])
     refusals = {"sqs-01": ("InternalError", False), "sqs-03": ("InvalidMessageContents", True)}
     calls: list[list[str]] = []
+    numbered: list[dict[str, int]] = []  # each call's entries, and the attempt each says it is
     held_back = threading.local()  # a call's refused entries, from its params to its reply
 
     def refuse(params: dict[str, Any], **_: Any) -> None:
         by_id = {json.loads(e["MessageBody"])["task_id"]: e for e in params["Entries"]}
         calls.append(list(by_id))
+        numbered.append({i: json.loads(e["MessageBody"])["attempt"] for i, e in by_id.items()})
         held_back.entries = []
         for task_id in [task_id for task_id in by_id if task_id in refusals]:
             code, sender_fault = refusals.pop(task_id)
@@ -102,6 +104,7 @@ def test_an_entry_refused_for_now_is_sent_again_alone_and_one_refused_for_good_f
         result = runtime.invoke("SqsExecutorFunction", event)
     assert result == {"tasks": 5, "claimed": 5, "fired": 4, "failed": 1}
     assert calls == [[f"sqs-{i:02d}" for i in range(5)], ["sqs-01"]]
+    assert set(numbered[0].values()) == {1} and numbered[1] == {"sqs-01": 2}
     delivered = sorted(payload["task"] for payload in all_delivered(target))
     assert delivered == ["sqs-00", "sqs-01", "sqs-02", "sqs-04"]  # each once
     again = stored("sqs-01")

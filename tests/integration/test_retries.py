@@ -84,3 +84,17 @@ def test_a_task_cancelled_while_retrying_is_never_sent_again(runtime, receiver):
     time.sleep(max(0, int(waiting["next_attempt_ms"]) - clock.now_ms()) / 1000 + 3)
     assert runtime.wait_for_executions(15)
     assert len(receiver.received()) == 1 and stored("stop")["status"] == "CANCELLED"
+
+
+def test_a_task_rescheduled_while_retrying_starts_over_as_its_next_version(runtime, receiver):
+    receiver.script_for["/down"] = [503]  # then 200
+    body = retried(f"{receiver.url}/down", clock.now_ms() + 2000, "moved", **LONG)
+    assert call_api(runtime, "POST", "/tasks", body)[0] == 201
+    wait_for_status("moved", {"RETRYING"})
+    change = {"due_at": clock.to_iso(clock.now_ms() + 3000)}
+    status, moved = call_api(runtime, "PATCH", "/tasks/moved", change)
+    assert status == 200 and moved["status"] == "PENDING" and moved["version"] == 2
+    assert moved["attempts"] == 0 and moved["next_attempt_at"] is None and moved["tries"] is None
+    done = wait_for_status("moved", {"SUCCEEDED"}, timeout_s=30)
+    assert int(done["version"]) == 2 and int(done["attempts"]) == 1
+    assert [a.idempotency_key for a in receiver.received()] == ["moved:1", "moved:2"]

@@ -73,9 +73,16 @@ class ClaimedTask:
 
     @cached_property
     def entry(self) -> dict[str, Any]:
-        """Its entry of a batched target's call, built once: `sends` sizes it, `_call`
-        sends it (its envelope re-encodes a payload of up to 200 KB)."""
-        return self.target.entry(self.delivery())  # type: ignore[attr-defined]
+        """Its entry of a batched target's call for its first attempt here, built once:
+        `sends` sizes it, `_call` sends it (its envelope re-encodes a payload of up to
+        200 KB)."""
+        return self.target.entry(self.delivery(self.attempts_before + 1))  # type: ignore[attr-defined]
+
+    def entry_for(self, attempt: int) -> dict[str, Any]:
+        """Its entry for its `attempt`-th attempt (a retry's is built anew)."""
+        if attempt == self.attempts_before + 1:
+            return self.entry
+        return self.target.entry(self.delivery(attempt))  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)

@@ -199,7 +199,7 @@ def _call(turn: _Turn, tasks: list[ClaimedTask], attempts: int) -> list[Answer]:
     if not isinstance(target, BatchedTarget):
         [task] = tasks
         return [target.send(task.delivery(task.attempts_before + attempts), turn)]
-    entries = [task.entry for task in tasks]
+    entries = [task.entry_for(task.attempts_before + attempts) for task in tasks]
     return type(target).send_entries(target.batch_key(), entries, turn)
 
 

@@ -54,6 +54,11 @@ def _tasks() -> list[dict[str, Any]]:
     return [item for item in items if not item["task_id"].startswith("~")]
 
 
+# Three attempts, each pause within the invocation: a task that keeps failing ends FAILED
+# within the run's minute, as the scenarios judge it (the defaults retry for a day).
+CHAOS_RETRY = {"max_attempts": 3, "min_backoff_s": 0.5, "max_backoff_s": 2}
+
+
 @dataclass
 class Trial:
     """One scenario's world: its runtime, receiver, tasks and what it expects of them."""
@@ -92,12 +97,14 @@ class Trial:
             self.met(name, injected.get(code, 0))
 
     def body(self, task_id: str, due_ms: int, path: str = "/ok") -> dict[str, Any]:
+        """A task of the run, tried again as CHAOS_RETRY says."""
         return {
             "id": task_id,
             "due_at": clock.to_iso(due_ms),
             "type": "webhook",
             "target": {"url": f"{self.receiver.url}{path}"},
             "payload": {"task": task_id},
+            "retry": CHAOS_RETRY,
             **({"flow": self.flow} if self.flow else {}),
         }
 

@@ -27,12 +27,14 @@ class Delivery(BaseModel):
     attempt: int = 1  # which attempt this is: 1 for the first (a webhook's Tocsin-Attempt)
 
     def envelope(self) -> str:
-        """The JSON most targets carry: ids for the receiver's own de-duplication, then payload."""
+        """The JSON most targets carry: ids for the receiver's own de-duplication, which
+        attempt this is, then the payload."""
         return json.dumps(
             {
                 "task_id": self.task_id,
                 "version": self.version,
                 "idempotency_key": self.idempotency_key,
+                "attempt": self.attempt,
                 "payload": json.loads(self.payload_json),
             },
             separators=(",", ":"),
@@ -144,8 +146,8 @@ def aws_target_call(turn: wire.Turn) -> Iterator[None]:
             yield
     except ClientError as error:
         message = f"{aws.error_code(error)}: {error}"
-        if aws.is_transient(error):
-            raise TransientTargetError(message) from error
+        if aws.is_transient(error):  # throttled: counts towards the age only (tocsin.retry)
+            raise TransientTargetError(message, throttled=aws.is_throttling(error)) from error
         raise PermanentTargetError(message) from error
     except BotoCoreError as error:
         raise TransientTargetError(f"{type(error).__name__}: {error}") from error
