@@ -48,6 +48,7 @@ from tocsin.schedules import (
 from tocsin.settings import settings
 from tocsin.store import BUSY
 from tocsin.submit import Submission, submit_task
+from tocsin.tags import MAX_TAGS, TAG_PATTERN
 
 app = APIGatewayHttpResolver(enable_validation=True)
 # The path's task id, named `id` as in the template's routes (and in refusals).
@@ -350,6 +351,23 @@ def _refused_body(event: dict[str, Any]) -> Response[Any] | None:
     return _error(HTTPStatus.BAD_REQUEST, code, message, "body")
 
 
+# `tag[<key>]=<value>`, which Powertools' parameters cannot say: OpenAPI's deepObject.
+TAG_PARAMETER = {
+    "name": "tag",
+    "in": "query",
+    "required": False,
+    "style": "deepObject",
+    "explode": True,
+    "description": "tasks carrying each of these tags: tag[key]=value, up to ten",
+    "schema": {
+        "type": "object",
+        "maxProperties": MAX_TAGS,
+        "propertyNames": {"pattern": TAG_PATTERN},
+        "additionalProperties": {"type": "string", "pattern": TAG_PATTERN},
+    },
+}
+
+
 def openapi_document() -> dict[str, Any]:
     """The API's OpenAPI document, as docs/openapi.json keeps it. Powertools lists a 422
     for its validation errors on every route; this API answers those with a 400 (above),
@@ -364,6 +382,7 @@ def openapi_document() -> dict[str, Any]:
     for operations in document["paths"].values():
         for operation in operations.values():
             operation["responses"].pop("422", None)
+    document["paths"]["/tasks"]["get"]["parameters"].append(TAG_PARAMETER)
     schemas = document["components"]["schemas"]
     while unused := [n for n in schemas if f'/schemas/{n}"' not in json.dumps(document)]:
         for name in unused:

@@ -39,6 +39,7 @@ class TaskSummary(BaseModel):
     flow: Flow | None = None  # the limits it shares with its key's tasks (tocsin.flow)
     planned_at: str | None = None  # when flow control lets it go, once held past due_at
     held_ms: int | None = None  # how long flow control held it past due_at
+    tags: dict[str, str] | None = None  # its own, or its schedule's (tocsin.tags)
 
 
 class FailedTry(BaseModel):
@@ -92,6 +93,7 @@ class ScheduleView(BaseModel):
     on_success: Callback | None = None  # each occurrence's (tocsin.callbacks)
     on_failure: Callback | None = None
     flow: Flow | None = None  # each occurrence's (tocsin.flow)
+    tags: dict[str, str] | None = None  # each occurrence's
 
 
 class SchedulePage(BaseModel):

@@ -23,6 +23,7 @@ HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z
 SECONDS_PER_UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+TAGS_HELP = 'tags, JSON: {"user": "42", "kind": "reminder"}'
 RETRY_HELP = (
     'how a failing target is tried again, JSON: {"max_attempts": 25, "max_age_s": 86400, '
     '"min_backoff_s": 1, "max_backoff_s": 3600}'
@@ -243,6 +244,7 @@ def _submit_call(client: Any, args: argparse.Namespace) -> Any:
         id=args.id,
         max_attempts=args.max_attempts,
         retry=args.retry,
+        tags=args.tags,
         on_success=args.on_success,
         on_failure=args.on_failure,
         flow=args.flow,
@@ -258,6 +260,7 @@ def _list_call(client: Any, args: argparse.Namespace) -> Any:
         due_after=args.due_after,
         limit=args.limit,
         next=args.next,
+        tags=args.tags,
     )
 
 
@@ -290,6 +293,7 @@ def _add_task_commands(commands: Any) -> None:
         type=json_argument,
         help=RETRY_HELP,
     )
+    submit.add_argument("--tags", type=json_argument, help=TAGS_HELP)
     for outcome in ("success", "failure"):
         submit.add_argument(
             f"--on-{outcome}",
@@ -313,6 +317,7 @@ def _add_task_commands(commands: Any) -> None:
         "--status", help="PENDING, RUNNING, RETRYING, SUCCEEDED, FAILED or CANCELLED"
     )
     listing.add_argument("--schedule", help="only this schedule's occurrences")
+    listing.add_argument("--tags", type=json_argument, help="only tasks carrying each, JSON")
     listing.add_argument("--due-before", help="ISO-8601 time")
     listing.add_argument("--due-after", help="ISO-8601 time")
     listing.add_argument("--limit", type=int, help="tasks per page, 1-100 (50)")
@@ -354,12 +359,14 @@ def _schedule_fields(command: argparse.ArgumentParser, creating: bool) -> None:
         type=json_argument,
         help=RETRY_HELP,
     )
+    command.add_argument("--tags", type=json_argument, help=TAGS_HELP)
     command.add_argument("--catch-up", choices=["skip", "latest"], help="missed occurrences")
 
 
 def _schedule_changes(args: argparse.Namespace) -> dict[str, Any]:
     names = ("expression", "timezone", "start_at", "end_at", "type", "target", "payload")
-    given = {name: getattr(args, name) for name in (*names, "max_attempts", "retry", "catch_up")}
+    more = ("max_attempts", "retry", "tags", "catch_up")
+    given = {name: getattr(args, name) for name in (*names, *more)}
     return {name: value for name, value in given.items() if value is not None}
 
 

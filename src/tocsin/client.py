@@ -199,12 +199,14 @@ class Client:
         on_failure: dict[str, Any] | None = None,
         flow: dict[str, Any] | None = None,
         retry: dict[str, Any] | None = None,
+        tags: dict[str, str] | None = None,
     ) -> Task:
         """Schedule a task; without `id` one is made here, so a retried call cannot double it.
         `on_success` and `on_failure` ({"type", "target"}) are told the outcome once it ends
         so; `flow` ({"key", "rate", "parallelism"}) shares its limits with the key's tasks;
         `retry` ({"max_attempts", "max_age_s", "min_backoff_s", "max_backoff_s"}) says how
-        a failing target is tried again."""
+        a failing target is tried again; `tags` ({key: value}, ten at most) are for
+        `list(tags=...)` to find it by."""
         body: dict[str, Any] = {"id": id or uuid.uuid4().hex, "type": type, "target": target}
         body |= {"payload": payload, **_timing(due_at, delay)}
         given = {
@@ -213,6 +215,7 @@ class Client:
             "on_failure": on_failure,
             "flow": flow,
             "retry": retry,
+            "tags": tags,
         }
         body |= {name: value for name, value in given.items() if value is not None}
         return Task.model_validate(self._call("POST", "/tasks", body))
@@ -230,11 +233,13 @@ class Client:
         limit: int | None = None,
         next: str | None = None,
         order: str | None = None,
+        tags: dict[str, str] | None = None,
     ) -> TaskPage:
         """One page of the caller's tasks (or one schedule's occurrences), earliest due
-        first (`order="desc"`: latest first)."""
+        first (`order="desc"`: latest first); with `tags`, those carrying each of them."""
         query = {"status": status, "schedule": schedule, "limit": limit, "next": next}
         query["order"] = order
+        query |= {f"tag[{key}]": value for key, value in (tags or {}).items()}
         query |= {
             "due_before": _when(due_before) if due_before is not None else None,
             "due_after": _when(due_after) if due_after is not None else None,
@@ -287,13 +292,14 @@ class Client:
         id: str | None = None,
         max_attempts: int | None = None,
         retry: dict[str, Any] | None = None,
+        tags: dict[str, str] | None = None,
     ) -> Schedule:
         """A recurring schedule; without `id` one is made here, so a retry cannot double it.
-        `retry` is each occurrence's policy, as a task's."""
+        `retry` and `tags` are each occurrence's, as a task's."""
         body: dict[str, Any] = {"id": id or uuid.uuid4().hex, "expression": expression}
         body |= {"timezone": timezone, "type": type, "target": target, "payload": payload}
         body |= {"catch_up": catch_up, **_times(start_at=start_at, end_at=end_at)}
-        given = {"max_attempts": max_attempts, "retry": retry}
+        given = {"max_attempts": max_attempts, "retry": retry, "tags": tags}
         body |= {name: value for name, value in given.items() if value is not None}
         return Schedule.model_validate(self._call("POST", "/schedules", body))
 

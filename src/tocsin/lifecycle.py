@@ -12,7 +12,15 @@ import re
 from decimal import Decimal
 from typing import Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, ValidationError
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    TypeAdapter,
+    ValidationError,
+)
 
 from tocsin import clock
 from tocsin.bodies import CONTENT
@@ -30,6 +38,7 @@ from tocsin.redrive import redrive_failed
 from tocsin.settings import Settings
 from tocsin.store import OWNER_INDEX_KEY, SCHEDULE_INDEX_KEY, TaskStore
 from tocsin.submit import Timing, invalid, payload_json
+from tocsin.tags import Tags, wanted_tags
 
 MAX_PAGE = 100
 # A page's summaries in JSON stop short of this (Lambda answers 6 MB at most): results and
@@ -49,6 +58,10 @@ class Listing(BaseModel):
     schedule: str | None = Field(default=None, pattern=SCHEDULE_ID_PATTERN)
     next: str | None = Field(default=None, max_length=2048)
     order: Literal["asc", "desc"] = "asc"
+
+
+# `tag[<key>]=<value>`, any of them: a task listed carries each (tocsin.tags)
+TagsAsked = TypeAdapter(Tags)
 
 
 class Change(Timing):
@@ -111,10 +124,17 @@ def decode_page_key(
 def list_tasks(query: dict[str, str], owner: str, config: Settings) -> dict[str, Any]:
     """One page of the owner's tasks, earliest due first (`order=desc`: latest first);
     `next` fetches the following page."""
+    wanted, rest = wanted_tags(query)
     try:
-        listing = Listing.model_validate(query)
+        listing = Listing.model_validate(rest)
     except ValidationError as error:
         raise invalid(error) from None
+    try:
+        TagsAsked.validate_python(wanted)
+    except ValidationError as error:
+        first = error.errors()[0]
+        key = next((str(part) for part in first["loc"] if str(part) != "[key]"), "")
+        raise InvalidTask(f"tag[{key}]: {first['msg']}", field=f"tag[{key}]") from None
     after = clock.to_ms(listing.due_after) if listing.due_after else None
     before = clock.to_ms(listing.due_before) if listing.due_before else None
     if after is not None and before is not None and before - after < 2:
@@ -130,6 +150,7 @@ def list_tasks(query: dict[str, str], owner: str, config: Settings) -> dict[str,
         start,
         listing.schedule,
         latest_first=listing.order == "desc",
+        tags=wanted,
     )
     tasks, size = [], 0
     for item in items:

@@ -132,6 +132,7 @@ SUMMARY_ATTRIBUTES = (
     "flow",
     "planned_at",
     "held_ms",
+    "tags",
 )
 
 
@@ -175,4 +176,6 @@ def task_summary(item: dict[str, Any]) -> dict[str, Any]:
         view["result"] = json.loads(item["result"])
     if "error" in item:
         view["error"] = error_view(item["error"])
+    if "tags" in item:
+        view["tags"] = dict(item["tags"])
     return view | flow_view(item)

@@ -68,7 +68,7 @@ def occurrence_task(
     item = task_item(task_id, due_ms, task_type, content, policy, schedule["owner"], now_ms, config)
     if "body" in schedule:  # kept apart: the occurrence names it too (tocsin.bodies)
         item = naming(item, schedule["body"])
-    for name in ("callbacks", "flow"):  # each occurrence's own (tocsin.callbacks, .flow)
+    for name in ("callbacks", "flow", "tags"):  # each occurrence's own (callbacks, flow, tags)
         if name in schedule:
             item[name] = schedule[name]
     return {

@@ -312,8 +312,8 @@ _OCCURRENCE_FIELDS = (
 def _upsert_occurrence(task: dict[str, Any]) -> dict[str, Any]:
     """The occurrence's task written new (version 1), or over an unclaimed task of an older
     revision as its next version: that version's execution then fails its claim."""
-    # its body held otherwise; callbacks, a flow or a retry policy dropped
-    optional = (*CONTENT, "body", "callbacks", "flow", "retry")
+    # its body held otherwise; callbacks, a flow, a retry policy or tags dropped
+    optional = (*CONTENT, "body", "callbacks", "flow", "retry", "tags")
     fields = [*_OCCURRENCE_FIELDS, *(name for name in optional if name in task)]
     gone = [name for name in optional if name not in task]
     names = {f"#a{i}": name for i, name in enumerate(fields)}

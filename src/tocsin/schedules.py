@@ -46,6 +46,7 @@ from tocsin.schedule_store import SCHEDULE_PAGE_KEY, ScheduleState, ScheduleStor
 from tocsin.settings import Settings
 from tocsin.store import TaskStore
 from tocsin.submit import IsoTime, checked_callbacks, checked_content, invalid
+from tocsin.tags import Tags
 
 MAX_EXPRESSION = 256
 DISPATCH_BUDGET_S = 10.0  # of an API request, for starting the occurrences due soon
@@ -81,6 +82,7 @@ class ScheduleSpec(BaseModel):
     on_success: Callback | None = None  # each occurrence's, as a task's (tocsin.callbacks)
     on_failure: Callback | None = None
     flow: Flow | None = None  # each occurrence's, as a task's (tocsin.flow)
+    tags: Tags | None = None  # each occurrence's, as a task's (tocsin.tags)
 
 
 class ScheduleListing(BaseModel):
@@ -110,6 +112,7 @@ class ScheduleChange(BaseModel):
     on_success: Callback | None = None  # null: none from now on
     on_failure: Callback | None = None
     flow: Flow | None = None  # null: none from now on
+    tags: Tags | None = None  # null: none from now on
     state: Literal["ENABLED", "PAUSED"] | None = None
 
 
@@ -165,6 +168,7 @@ def _schedule_item(
         **({"end_ms": end} if end is not None else {}),
         **({"callbacks": callbacks} if callbacks else {}),
         **({"flow": spec.flow.stored()} if spec.flow else {}),
+        **({"tags": spec.tags} if spec.tags else {}),
     }
     first = Occurrences(rule, start, end).first_from(now_ms)
     if first is None:
@@ -185,7 +189,7 @@ def _due_keys(schedule_id: str, next_ms: int, config: Settings) -> dict[str, Any
 def _body_hash(owner: str, spec: ScheduleSpec) -> str:
     """What identifies a creating request, its retries included (times as instants; the
     callbacks and flow only where named, so that a schedule without keeps the hash it had)."""
-    optional = ("on_success", "on_failure", "flow", "retry")
+    optional = ("on_success", "on_failure", "flow", "retry", "tags")
     unnamed = {name for name in optional if getattr(spec, name) is None}
     body = spec.model_dump(mode="json", exclude={"id", "start_at", "end_at", *unnamed})
     body |= {"start_at": _ms(spec.start_at), "end_at": _ms(spec.end_at)}
@@ -207,6 +211,7 @@ def _stored_spec(item: dict[str, Any]) -> dict[str, Any]:
         "catch_up": item["catch_up"],
         **json.loads(item.get("callbacks", "{}")),
         **({"flow": json.loads(item["flow"])} if "flow" in item else {}),
+        **({"tags": dict(item["tags"])} if "tags" in item else {}),
     }
 
 

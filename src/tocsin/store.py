@@ -19,6 +19,7 @@ from tocsin.bodies import CONTENT, BodyStore
 from tocsin.errors import Busy
 from tocsin.model import SUMMARY_ATTRIBUTES, TaskStatus
 from tocsin.settings import settings
+from tocsin.tags import has_tags
 
 DUE_INDEX = "DispatchIndex"  # by shard and time: every task in a due shard, a few to check
 # Not a task (no task id holds a `~`): how far the finder and the reconciler have read the
@@ -176,10 +177,11 @@ class TaskStore:
         start: dict[str, Any] | None,
         schedule: str | None = None,
         latest_first: bool = False,
+        tags: dict[str, str] | None = None,
     ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """Up to `limit` of one owner's tasks (or one schedule's occurrences), earliest due
-        first or latest first (strict bounds), and the key to resume from (None when there
-        are no more)."""
+        first or latest first (strict bounds), carrying every one of `tags`, and the key to
+        resume from (None when there are no more)."""
         low = None if due_after_ms is None else due_after_ms + 1
         high = None if due_before_ms is None else due_before_ms - 1
         values: dict[str, Any] = {}
@@ -200,8 +202,8 @@ class TaskStore:
             "IndexName": index,
             "KeyConditionExpression": key,
             "ExpressionAttributeValues": values,
-            # a status filter may skip most entries: read as many as one BatchGetItem takes
-            "Limit": limit if status is None else BATCH_GET_MAX,
+            # a filter may skip most entries: read as many as one BatchGetItem takes
+            "Limit": limit if status is None and not tags else BATCH_GET_MAX,
             "ScanIndexForward": not latest_first,
         }
         if schedule is None:
@@ -212,7 +214,7 @@ class TaskStore:
         read = 0
         for entries, more in self._index_pages(query):
             for position, (entry, item) in enumerate(entries):
-                if not _listed(entry, item, owner, status):
+                if not _listed(entry, item, owner, status, tags or {}):
                     continue
                 items.append(item)  # type: ignore[arg-type]  # _listed: not None
                 if len(items) == limit:
@@ -723,16 +725,21 @@ def _busy_when_throttled() -> Iterator[None]:
 
 
 def _listed(
-    entry: dict[str, Any], item: dict[str, Any] | None, owner: str, status: TaskStatus | None
+    entry: dict[str, Any],
+    item: dict[str, Any] | None,
+    owner: str,
+    status: TaskStatus | None,
+    tags: dict[str, str],
 ) -> bool:
     """Whether a listing shows the task read for an index entry: the owner's, in the asked
-    status, and still where the entry says (a task rescheduled since the index was read is
-    listed at its new due time, from its new entry)."""
+    status, with the asked tags, and still where the entry says (a task rescheduled since
+    the index was read is listed at its new due time, from its new entry)."""
     return (
         item is not None
         and item["owner"] == owner
         and item["due_ms"] == entry["due_ms"]
         and (status is None or item["status"] == status.value)
+        and has_tags(item, tags)
     )
 
 

@@ -37,6 +37,7 @@ from tocsin.model import (
 from tocsin.retry import MAX_ATTEMPTS, RetryPolicy, given_policy
 from tocsin.settings import MAX_PAYLOAD_BYTES, Settings, settings
 from tocsin.store import TaskStore
+from tocsin.tags import Tags
 from tocsin.targets import parse_target
 
 DELAY_SCHEMA = {
@@ -100,6 +101,7 @@ class Submission(Timing):
     on_success: Callback | None = None
     on_failure: Callback | None = None
     flow: Flow | None = None
+    tags: Tags | None = None
 
     def policy(self, kind: type[TaskError] = InvalidTask) -> RetryPolicy:
         try:
@@ -197,6 +199,7 @@ def new_item(
         "callbacks": callbacks,
         "flow": submission.flow and submission.flow.stored(),
         "retry": policy.stored(),
+        "tags": submission.tags,
     }
     named = {name: value for name, value in named.items() if value}
     body_hash = hashlib.sha256(

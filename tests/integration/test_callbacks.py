@@ -84,6 +84,7 @@ def test_a_task_that_fails_after_its_retries_tells_its_on_failure_target(
     assert arrived(receiver, "/done") == []
     outcome = json.loads(told.body)
     assert outcome["status"] == "FAILED" and outcome["attempts"] == 2
+    assert outcome["exhausted_by"] == "attempts"  # told once it ended, not while it retried
     assert "503" in outcome["error"]["message"] and "result" not in outcome
     assert stored("bad")["status"] == "FAILED"
 

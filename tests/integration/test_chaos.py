@@ -38,6 +38,7 @@ FAULTS = {
     "webhook-faults": {"receiver_faults"},
     "restart": {"tasks_unfinished_at_stop"},
     "flow-limits": {"receiver_faults", "slow_answers"},
+    "outage": {"outage_answers"},
 }
 # Where the count is known: every crash planned, each racing finder (two, then five) and
 # every task of both races started by the race itself.
@@ -98,6 +99,17 @@ def test_concurrent_duplicate_submissions_create_each_task_once_and_answer_each_
     ids = RUNS["duplicate-submissions"][0] // chaos.DUPLICATE_CLIENTS
     as_stored = ids * (chaos.DUPLICATE_CLIENTS - 1)
     assert result["submissions"] == {"created": ids, "as_stored": as_stored}
+
+
+@group("outage")
+def test_a_receivers_outage_fails_no_task_and_each_arrives_once_after_it():
+    """The host answers 503 for 15 s from before the first of its tasks is due: each task is
+    tried again and again, goes RETRYING, and arrives once the host is back; none fails."""
+    result = result_of("outage")
+    tasks = RUNS["outage"][0]
+    assert result["fired"] == tasks and result["failed_to_dlq"] == 0
+    outage = result["outage"]
+    assert outage["attempts_during"] >= tasks and outage["most_attempts_of_one_task"] > 2
 
 
 @group("executor-faults")

@@ -75,6 +75,7 @@ class Trial:
     notes: dict[str, Any] = field(default_factory=dict)  # what a scenario saw, reported as is
     faults_met: Counter[str] = field(default_factory=Counter)  # by kind, as they happened
     flow: dict[str, Any] | None = None  # the tasks' flow, whose limits are judged too
+    retry: dict[str, Any] = field(default_factory=lambda: CHAOS_RETRY)  # the tasks' policy
     runtimes: ExitStack = field(default_factory=ExitStack)  # this runtime, and any restarted
     exits: ExitStack = field(default_factory=ExitStack)  # the scenario's faults
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -97,14 +98,15 @@ class Trial:
             self.met(name, injected.get(code, 0))
 
     def body(self, task_id: str, due_ms: int, path: str = "/ok") -> dict[str, Any]:
-        """A task of the run, tried again as CHAOS_RETRY says."""
+        """A task of the run, tried again as its policy says (CHAOS_RETRY, unless the
+        scenario names another)."""
         return {
             "id": task_id,
             "due_at": clock.to_iso(due_ms),
             "type": "webhook",
             "target": {"url": f"{self.receiver.url}{path}"},
             "payload": {"task": task_id},
-            "retry": CHAOS_RETRY,
+            "retry": self.retry,
             **({"flow": self.flow} if self.flow else {}),
         }
 
@@ -151,7 +153,7 @@ class Trial:
             item["status"]["S"] for item in saved["tables"]["TasksTable"] if "status" in item
         )
         self.notes["at_stop"] = dict(at_stop)
-        unfinished = sum(at_stop[status] for status in ("PENDING", "RUNNING"))
+        unfinished = sum(at_stop[status] for status in ("PENDING", "RETRYING", "RUNNING"))
         self.met("tasks_unfinished_at_stop", unfinished)
         self.runtime = self.runtimes.enter_context(
             _runtime(self.runtime.state_file, self.receiver.url, self.runtime.lambda_limits)
@@ -174,7 +176,7 @@ class Trial:
             statuses = set(self.statuses())
             if statuses <= {"SUCCEEDED", "FAILED", "CANCELLED"} and not self._running():
                 return
-            if "PENDING" in statuses:
+            if statuses & {"PENDING", "RETRYING"}:
                 self.finder_until_done(runs=1)
             time.sleep(0.2)
 
@@ -659,6 +661,40 @@ def webhook_faults(trial: Trial, tasks: int) -> None:
     trial.finder_until_done()
 
 
+# A receiver's outage: it answers 503 for three times the span its tasks fall due in (90 s
+# for 2,000 tasks), then 200. Backoffs up to 30 s: each task is tried again within 30 s
+# (and a quarter) of the recovery.
+OUTAGE_SPAN_MS_PER_TASK = 15
+OUTAGE_RETRY = {"min_backoff_s": 1, "max_backoff_s": 30}
+
+
+def outage(trial: Trial, tasks: int) -> None:
+    """Every task goes to one host that answers 503 from before the first is due until
+    three times their span after; none may fail: each goes RETRYING while its backoff is
+    long, and arrives once after the recovery. The attempts the host met during the
+    outage, and the most one task made, are reported."""
+    trial.retry = OUTAGE_RETRY
+    spread_ms = max(3000, tasks * OUTAGE_SPAN_MS_PER_TASK)
+    ids = trial.store(tasks, "outage", "/outage/{id}", spread_ms=spread_ms)
+    down = {f"/outage/{task_id}" for task_id in ids}
+    for path in down:
+        trial.receiver.status_for[path] = 503
+    outage_s = (LEAD_IN_MS + 3 * spread_ms) / 1000
+    recovery = threading.Timer(outage_s, lambda: [trial.receiver.status_for.pop(p) for p in down])
+    recovery.start()
+    trial.exits.callback(recovery.cancel)
+    trial.finder_until_done()
+    trial.settle(timeout_s=outage_s + 2 * OUTAGE_RETRY["max_backoff_s"] + 60)
+    refused = [a for a in trial.receiver.received() if a.status == 503]
+    trial.met("outage_answers", len(refused))
+    per_task = Counter(a.task_id for a in refused)
+    trial.notes["outage"] = {
+        "seconds": outage_s,
+        "attempts_during": len(refused),
+        "most_attempts_of_one_task": max(per_task.values(), default=0) + 1,
+    }
+
+
 CHAOS_FLOW = {"key": "chaos-receiver", "rate": 20, "parallelism": 3}
 SLOW_ANSWER_S = 0.5  # at 3 in flight, 6 answers a second where 15 are due: the parallelism binds
 
@@ -835,6 +871,7 @@ SCENARIOS: dict[str, Callable[[Trial, int], None]] = {
     "duplicate-submissions": duplicate_submissions,
     "lambda-kills": lambda_kills,
     "flow-limits": flow_limits,
+    "outage": outage,
 }
 SANDBOXED = {"lambda-kills"}  # only with --lambda-limits
 
