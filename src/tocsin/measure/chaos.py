@@ -49,8 +49,15 @@ EXECUTORS = "ExecutorFunction"
 
 def _tasks() -> list[dict[str, Any]]:
     """Every task in the table (not the horizons, nor a flow's ledger: no task id holds
-    the `~` their keys begin with)."""
-    items = aws.resource("dynamodb").Table(settings().tasks_table).scan()["Items"]
+    the `~` their keys begin with), page after page: a page holds 1 MB, and 2,000 tasks
+    with their tries were two."""
+    table, items, more = aws.resource("dynamodb").Table(settings().tasks_table), [], {}
+    while True:
+        page = table.scan(**more)
+        items += page["Items"]
+        if "LastEvaluatedKey" not in page:
+            break
+        more = {"ExclusiveStartKey": page["LastEvaluatedKey"]}
     return [item for item in items if not item["task_id"].startswith("~")]
 
 
