@@ -271,6 +271,14 @@ def _reschedule_call(client: Any, args: argparse.Namespace) -> Any:
     return client.reschedule(args.task_id, **changes)
 
 
+def _retry_and_tags(command: argparse.ArgumentParser) -> None:
+    """The options a task and a schedule (for its occurrences) share: how a failing target
+    is tried again, and the tags."""
+    command.add_argument("--max-attempts", type=int, help="delivery attempts, 1-185 (25)")
+    command.add_argument("--retry", type=json_argument, help=RETRY_HELP)
+    command.add_argument("--tags", type=json_argument, help=TAGS_HELP)
+
+
 def _add_task_commands(commands: Any) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", default=os.environ.get("TOCSIN_URL"), help="API base URL")
@@ -287,13 +295,7 @@ def _add_task_commands(commands: Any) -> None:
     submit.add_argument("--payload", type=json_argument, default=None, help="payload, JSON")
     submit.add_argument("--at", required=True, type=when, help="+90s, +2h or ISO-8601 with zone")
     submit.add_argument("--id", help="your id for the task (made up if left out)")
-    submit.add_argument("--max-attempts", type=int, help="delivery attempts, 1-185 (25)")
-    submit.add_argument(
-        "--retry",
-        type=json_argument,
-        help=RETRY_HELP,
-    )
-    submit.add_argument("--tags", type=json_argument, help=TAGS_HELP)
+    _retry_and_tags(submit)
     for outcome in ("success", "failure"):
         submit.add_argument(
             f"--on-{outcome}",
@@ -353,13 +355,7 @@ def _schedule_fields(command: argparse.ArgumentParser, creating: bool) -> None:
     command.add_argument("--type", required=creating, help="webhook, lambda, eventbridge, ...")
     command.add_argument("--target", required=creating, type=json_argument, help="JSON")
     command.add_argument("--payload", type=json_argument, help="payload of each occurrence, JSON")
-    command.add_argument("--max-attempts", type=int, help="delivery attempts, 1-185 (25)")
-    command.add_argument(
-        "--retry",
-        type=json_argument,
-        help=RETRY_HELP,
-    )
-    command.add_argument("--tags", type=json_argument, help=TAGS_HELP)
+    _retry_and_tags(command)
     command.add_argument("--catch-up", choices=["skip", "latest"], help="missed occurrences")
 
 

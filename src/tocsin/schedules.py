@@ -41,11 +41,11 @@ from tocsin.occurrences import (
     occurrences_of,
 )
 from tocsin.recurrence import MAX_UPCOMING, Occurrences, parse
-from tocsin.retry import MAX_ATTEMPTS, RetryPolicy, given_policy, policy_of
+from tocsin.retry import MAX_ATTEMPTS, RetryPolicy, policy_of
 from tocsin.schedule_store import SCHEDULE_PAGE_KEY, ScheduleState, ScheduleStore
 from tocsin.settings import Settings
 from tocsin.store import TaskStore
-from tocsin.submit import IsoTime, checked_callbacks, checked_content, invalid
+from tocsin.submit import IsoTime, checked_callbacks, checked_content, checked_policy, invalid
 from tocsin.tags import Tags
 
 MAX_EXPRESSION = 256
@@ -143,10 +143,7 @@ def _schedule_item(
     target, payload = checked_content(spec.type, spec.target, spec.payload, InvalidSchedule)
     wanted = {"on_success": spec.on_success, "on_failure": spec.on_failure}
     callbacks = checked_callbacks(wanted, InvalidSchedule)
-    try:
-        policy = given_policy(spec.retry, spec.max_attempts)
-    except ValueError as error:
-        raise InvalidSchedule(str(error), field="max_attempts") from None
+    policy = checked_policy(spec.retry, spec.max_attempts, InvalidSchedule)
     item: dict[str, Any] = {
         "schedule_id": schedule_id,
         "owner": owner,

@@ -103,12 +103,6 @@ class Submission(Timing):
     flow: Flow | None = None
     tags: Tags | None = None
 
-    def policy(self, kind: type[TaskError] = InvalidTask) -> RetryPolicy:
-        try:
-            return given_policy(self.retry, self.max_attempts)
-        except ValueError as error:
-            raise kind(str(error), field="max_attempts") from None
-
 
 @dataclass(frozen=True)
 class Submitted:
@@ -152,6 +146,17 @@ def checked_content(
     return parsed.model_dump_json(), payload_json(payload, kind)
 
 
+def checked_policy(
+    retry: RetryPolicy | None, max_attempts: int | None, kind: type[TaskError] = InvalidTask
+) -> RetryPolicy:
+    """A task's (or a schedule's) retry policy (`given_policy`); `kind` of refusal naming
+    `max_attempts` when it disagrees with `retry`."""
+    try:
+        return given_policy(retry, max_attempts)
+    except ValueError as error:
+        raise kind(str(error), field="max_attempts") from None
+
+
 def checked_callbacks(
     wanted: dict[str, Callback | None], kind: type[TaskError] = InvalidTask
 ) -> str | None:
@@ -193,7 +198,7 @@ def new_item(
     # request is recognised as the same one; callbacks and a flow only where named, so a
     # task without them keeps the hash it had before they existed.
     asked = [clock.to_ms(submission.due_at)] if submission.due_at else [str(submission.delay)]
-    policy = submission.policy()
+    policy = checked_policy(submission.retry, submission.max_attempts)
     hashed = [owner, *asked, submission.type, *content, policy.max_attempts]
     named = {
         "callbacks": callbacks,

@@ -284,9 +284,8 @@ def fire(tasks: list[ClaimedTask], deadline_ms: int) -> list[Fired | Failed | La
         pending = []
         for i, answer in sorted(answers.items()):
             if isinstance(answer, dict) and went is not None:
-                tried = tuple(tries[i])
                 outcomes[i] = Fired(
-                    went.went_ms, answer, made(i), _kept(tried), went.held_ms, went.slot_ms
+                    went.went_ms, answer, made(i), _kept(tries[i]), went.held_ms, went.slot_ms
                 )
                 continue
             tries[i].append(_failed_try(began_ms, answer))
