@@ -21,13 +21,22 @@ from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 from botocore.exceptions import ClientError
 
 from tocsin import aws
-from tocsin.api_models import ErrorReply, SchedulePage, ScheduleView, TaskPage, TaskView, Upcoming
+from tocsin.api_models import (
+    ErrorReply,
+    HeldTargets,
+    SchedulePage,
+    ScheduleView,
+    TaskPage,
+    TaskView,
+    Upcoming,
+)
 from tocsin.errors import Busy, TaskError, Unauthenticated
 from tocsin.lifecycle import (
     MAX_PAGE,
     Change,
     cancel_task,
     get_task,
+    held_targets,
     list_tasks,
     reschedule_task,
     retry_task,
@@ -249,6 +258,15 @@ def remove(id: ScheduleId) -> Response[ScheduleView]:
     return _reply(HTTPStatus.OK, schedule)
 
 
+@app.get(
+    "/targets",
+    summary="Your hosts held back for failing: since when, and how many tasks wait on each",
+    responses=_replies({200: ("the held hosts", HeldTargets)}, 401),
+)
+def targets() -> Response[HeldTargets]:
+    return _reply(HTTPStatus.OK, held_targets(_caller(), settings()))
+
+
 @app.exception_handler(TaskError)
 def refused(error: TaskError) -> Response[Any]:
     logger.info("refused", code=error.code, field=error.field)
@@ -297,6 +315,7 @@ METHODS = {
     re.compile(r"/schedules"): "GET, POST",
     re.compile(r"/schedules/[^/]+"): "DELETE, GET, PATCH",
     re.compile(r"/schedules/[^/]+/upcoming"): "GET",
+    re.compile(r"/targets"): "GET",
 }
 
 

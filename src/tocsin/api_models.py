@@ -4,7 +4,7 @@ Change); a refusal is always an ErrorReply."""
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, JsonValue
+from pydantic import BaseModel, Field, JsonValue
 
 from tocsin.callbacks import Callback
 from tocsin.flow import Flow
@@ -104,6 +104,21 @@ class SchedulePage(BaseModel):
 class Upcoming(BaseModel):
     id: str
     occurrences: list[str]
+
+
+class HeldHost(BaseModel):
+    """A host held back for failing: its other tasks wait while one task probes it."""
+
+    host: str = Field(description="a webhook's host and port; a queue, topic, bus or function")
+    task_type: str
+    held_since: str
+    failures: int = Field(description="failed sends in a row when it was last written")
+    last_error: str | None
+    waiting: int = Field(description="your tasks waiting on it (counted up to 10 index pages)")
+
+
+class HeldTargets(BaseModel):
+    held: list[HeldHost]
 
 
 class ErrorDetail(BaseModel):

@@ -96,6 +96,23 @@ def get_task(task_id: str, owner: str, config: Settings) -> dict[str, Any]:
     return task_view(store.whole([_owned(store, task_id, owner)])[0])
 
 
+def held_targets(owner: str, config: Settings) -> dict[str, Any]:
+    """The owner's hosts held back for failing (`tocsin.holds`), longest held first."""
+    return {
+        "held": [
+            {
+                "host": item["host"],
+                "task_type": item["task_type"],
+                "held_since": item["held_since"],
+                "failures": int(item["failures"]),
+                "last_error": item.get("last_error"),
+                "waiting": item["waiting"],
+            }
+            for item in TaskStore(config.tasks_table).held_hosts(owner)
+        ]
+    }
+
+
 def encode_page_key(key: dict[str, Any], owner: str) -> str:
     """A `next` token: the index key to resume from, and whose listing it belongs to."""
     plain = {name: int(v) if isinstance(v, Decimal) else v for name, v in key.items()}

@@ -56,6 +56,10 @@ class Settings(BaseModel):
     host_flow_parallelism: int = Field(
         0, alias="HOST_FLOW_PARALLELISM", ge=0, le=MAX_FLOW_PARALLELISM
     )
+    # A failing host held back (`tocsin.holds`): after this many failed sends in a row
+    # across one owner's tasks (0: never), and its waiting tasks woken at this rate.
+    host_hold_failures: int = Field(5, alias="HOST_HOLD_FAILURES", ge=0, le=100)
+    host_recovery_rate: int = Field(20, alias="HOST_RECOVERY_RATE", ge=1, le=MAX_FLOW_RATE)
     # At most 20 s: a webhook attempt must fit an executor's time after its last gate.
     webhook_timeout_s: float = Field(10, alias="WEBHOOK_TIMEOUT_SECONDS", gt=0, le=20)
 

@@ -17,6 +17,7 @@ from tocsin import aws, clock
 from tocsin.batch_read import BATCH_GET_MAX, batch_read
 from tocsin.bodies import CONTENT, BodyStore
 from tocsin.errors import Busy
+from tocsin.holds import HELD_INDEX, HOLDS_OWNER, waiting
 from tocsin.model import SUMMARY_ATTRIBUTES, TaskStatus
 from tocsin.settings import settings
 from tocsin.tags import has_tags
@@ -44,7 +45,7 @@ STATUS_AND_VERSION = {"#s": "status", "#v": "version"}
 PLANNED = ("planned_ms", "planned_at")
 HELD = ", ".join((*PLANNED, "held_ms"))
 # A RETRYING version's state (`retry_later`): gone once it ends, or a new version begins.
-RETRY_STATE = ("next_attempt_ms", "next_attempt_at", "throttled")
+RETRY_STATE = ("next_attempt_ms", "next_attempt_at", "throttled", "held_on")
 # Not claimed yet: PENDING, or RETRYING (due at its next attempt); cancelled or changed so.
 UNCLAIMED = "#s IN (:pending, :retrying)"
 _serialize = TypeSerializer().serialize
@@ -70,6 +71,9 @@ class Claim:
     in_progress: bool = False
     taken_over: bool = False
 
+
+MAX_HELD_LISTED = 100  # held hosts one GET /targets lists (one BatchGetItem)
+WAITING_COUNT_PAGES = 10  # HeldIndex pages a count of a hold's waiting tasks reads at most
 
 # A status filter may skip most of an owner's entries: a request reads this many at most
 # (ten pages of the keys-only index, each with its BatchGetItem) and answers what it found
@@ -280,7 +284,7 @@ class TaskStore:
             task_id,
             owner,
             "SET #s = :cancelled, updated_at = :now, expires_at = :expires "
-            "REMOVE gsi_pk, gsi_due_ms",
+            "REMOVE gsi_pk, gsi_due_ms, held_on",
             {":cancelled": TaskStatus.CANCELLED.value, ":now": now_iso, ":expires": expires_at},
         )
 
@@ -510,12 +514,14 @@ class TaskStore:
         does `retried` (the reconciler's count of executions that ended unsettled leaves
         these out). Whether it was given."""
         names, values, sets = _assignments(fields, "f")
+        gone = ["execution", "attempt", "lease_until", *PLANNED]
+        if "held_on" not in fields:  # a task that waited on its host's hold waits no more
+            gone.append("held_on")
         return (
             self._update(
                 task_id,
                 f"SET #s = :retrying, {sets}, requeues = if_not_exists(requeues, :zero) + :one, "
-                "retried = if_not_exists(retried, :zero) + :one "
-                f"REMOVE execution, attempt, lease_until, {', '.join(PLANNED)}",
+                f"retried = if_not_exists(retried, :zero) + :one REMOVE {', '.join(gone)}",
                 "#s = :running AND #v = :v AND attempt = :attempt",
                 {
                     ":retrying": TaskStatus.RETRYING.value,
@@ -530,6 +536,58 @@ class TaskStore:
             )
             is not None
         )
+
+    def waiting_on(self, hold: str, limit: int | None = None) -> Iterator[str]:
+        """The ids of the tasks waiting on a host's hold (`tocsin.holds`)."""
+        return waiting(self._table, hold, limit)
+
+    def wake(self, task_id: str, hold: str, fields: dict[str, Any]) -> dict[str, Any] | None:
+        """A task waiting on `hold` due again as `fields` say (its next attempt, its place in
+        the dispatch index), under a name of its own (`requeues`, and `retried`: no
+        execution ended unsettled); the task as it is now, or None if it waits no more
+        (cancelled, rescheduled, woken already)."""
+        names, values, sets = _assignments(fields, "f")
+        return self._update(
+            task_id,
+            f"SET {sets}, requeues = requeues + :one, retried = retried + :one REMOVE held_on",
+            "held_on = :hold AND #s = :retrying",
+            {":hold": hold, ":retrying": TaskStatus.RETRYING.value, ":one": 1, **values},
+            names,
+            returning="ALL_NEW",
+        )
+
+    def held_hosts(self, owner: str) -> list[dict[str, Any]]:
+        """The owner's held hosts (`tocsin.holds`), longest held first (MAX_HELD_LISTED at
+        most), each with how many of the owner's tasks wait on it."""
+        keys = self._table.query(
+            IndexName=OWNER_INDEX,
+            KeyConditionExpression="#o = :owner",
+            ExpressionAttributeNames={"#o": "owner"},
+            ExpressionAttributeValues={":owner": f"{HOLDS_OWNER}{owner}"},
+            Limit=MAX_HELD_LISTED,
+        )["Items"]
+        wanted = [{"task_id": key["task_id"]} for key in keys]
+        items = batch_read(self._dynamodb, self.table_name, wanted)
+        for item in items:
+            item["waiting"] = self._count_waiting(item["task_id"])
+        return sorted(items, key=lambda item: int(item["held_since_ms"]))
+
+    def _count_waiting(self, hold: str) -> int:
+        """The tasks waiting on `hold`, counted on WAITING_COUNT_PAGES of HeldIndex at most."""
+        request: dict[str, Any] = {
+            "IndexName": HELD_INDEX,
+            "KeyConditionExpression": "held_on = :hold",
+            "ExpressionAttributeValues": {":hold": hold},
+            "Select": "COUNT",
+        }
+        count = 0
+        for _ in range(WAITING_COUNT_PAGES):
+            page = self._table.query(**request)
+            count += page["Count"]
+            if "LastEvaluatedKey" not in page:
+                break
+            request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        return count
 
     def redrive(
         self, task_id: str, version: int, index_keys: dict[str, Any], now_iso: str

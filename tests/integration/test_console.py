@@ -301,6 +301,25 @@ def test_a_failed_task_is_retried_from_the_failed_view(console, page, runtime, r
     assert int(item["version"]) == 2
 
 
+def test_the_failed_view_lists_the_hosts_held_back(console, page, runtime, receiver):
+    receiver.status_for["/down"] = 503
+    due = clock.now_ms() + 1000
+    for i in range(5):  # HostHoldFailures: five failed sends in a row hold the host
+        body = webhook_task(f"{receiver.url}/down", due, f"down-{i}") | {
+            "retry": {"min_backoff_s": 30, "max_backoff_s": 600}
+        }
+        call_api(runtime, "POST", "/tasks", body)
+    deadline = time.monotonic() + 30
+    while not call_api(runtime, "GET", "/targets")[1]["held"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    page.goto(f"{console}/#/failed")
+    host = receiver.url.split("/")[2]
+    row = page.locator("#view tbody tr", has_text=host)
+    row.wait_for()
+    assert "503" in row.inner_text() and "webhook" in row.inner_text()
+    shot(page, "held")
+
+
 def test_a_foreign_host_or_origin_is_refused(console, page):
     port = console.rsplit(":", 1)[1]
     assert page.goto(f"http://rebound.test:{port}/").status == 421  # rebinding: Host refused

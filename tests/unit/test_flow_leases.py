@@ -2,31 +2,14 @@
 
 import threading
 import time
-from collections.abc import Iterator
 
 import boto3
 import pytest
-from moto import mock_aws
 
-from tocsin import aws, clock
+from tocsin import clock
 from tocsin.flow import Flow, Leases, NoLeaseInTime
 
 FLOW = Flow(key="one-host", parallelism=1)
-
-
-@pytest.fixture
-def table(monkeypatch) -> Iterator[str]:
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    aws.forget_clients()
-    with mock_aws():
-        boto3.client("dynamodb").create_table(
-            TableName="tasks",
-            KeySchema=[{"AttributeName": "task_id", "KeyType": "HASH"}],
-            AttributeDefinitions=[{"AttributeName": "task_id", "AttributeType": "S"}],
-            BillingMode="PAY_PER_REQUEST",
-        )
-        yield "tasks"
-    aws.forget_clients()
 
 
 def lease_held_until(table: str) -> int:

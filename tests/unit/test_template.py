@@ -289,7 +289,7 @@ def referred(value: Any) -> set[str]:
 def assert_made_one_at_a_time(resources: dict[str, Any]) -> None:
     """Each target-tracking policy makes CloudWatch alarms, and an account may make or
     delete three a second: made side by side, 16 policies fail a deploy with "Rate
-    exceeded". So the 32 targets and policies stand in one line, each waiting for the one
+    exceeded". So the 36 targets and policies stand in one line, each waiting for the one
     before it, and CloudFormation makes them (and deletes them, last first) one at a time."""
     scaling = {k for k, r in resources.items() if r["Type"].startswith("AWS::ApplicationAuto")}
     waits_for = {name: referred(resources[name]) & scaling for name in scaling}
@@ -298,7 +298,7 @@ def assert_made_one_at_a_time(resources: dict[str, Any]) -> None:
     while after := [name for name in scaling if line[-1] in waits_for[name]]:
         assert len(after) == 1, f"{after} made at once, after {line[-1]}"
         line.append(after[0])
-    assert len(line) == len(scaling) == 32
+    assert len(line) == len(scaling) == 36
 
 
 def test_the_stack_makes_its_scaling_resources_one_at_a_time():

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from tocsin.callbacks import callback_key
 from tocsin.flow import Flow, Leases, RateLedger
+from tocsin.holds import HostHold
 from tocsin.model import TASK_ID_PATTERN, TaskType, idempotency_key
 from tocsin.retry import ExhaustedBy, RetryPolicy
 from tocsin.sent import Fired, Try
@@ -53,6 +54,7 @@ class ClaimedTask:
     flow_held: bool = False
     leases: Leases | None = None  # its flow's leases in this invocation, if it limits those
     ledger: RateLedger | None = None  # where its flow's sends take their slots, if a rate
+    hold: HostHold | None = None  # its owner's host, as held back if failing (tocsin.holds)
 
     @property
     def fires_ms(self) -> int:
@@ -105,6 +107,7 @@ class Later:
     attempts: int
     throttled: int
     tries: tuple[Try, ...]
+    held_on: str | None = None  # its host is held: it waits on the hold, counting no attempt
 
 
 Recorded = tuple[Fired | Failed | Later, bool]  # a task's outcome, and whether its mark was written

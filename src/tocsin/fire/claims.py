@@ -3,6 +3,7 @@ read, and the hold let go when the invocation fails before finishing them."""
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -14,9 +15,11 @@ from tocsin.errors import Busy
 from tocsin.fire.batch import BatchEvent, BatchTask, ClaimedTask, Failed, Held
 from tocsin.fire.writes import TableUnavailable, written
 from tocsin.flow import flow_of
+from tocsin.holds import hold_id, read_holds
 from tocsin.model import TaskType
 from tocsin.observability import logger
 from tocsin.retry import policy_of
+from tocsin.settings import settings
 from tocsin.store import Claim, Holder, TaskStore
 from tocsin.targets import parse_target
 
@@ -57,12 +60,39 @@ def claim_batch(
     except (BotoCoreError, ClientError, Busy) as fault:
         let_go(store, holder, [asked for asked, _ in won])
         raise TableUnavailable(f"bodies: {type(fault).__name__}") from fault
-    held = []
+    held, owners = [], []
     for (asked, claim), item in zip(won, items, strict=True):
         task = _claimed(item, asked, batch.task_type)
         held.append(Held(asked, task, claim.taken_over or _requeued(item), needed(item)))
+        owners.append(item.get("owner", ""))
         item.clear()  # its payload's text goes now: a batch's bodies are held once, as bytes
-    return held, [asked.task_id for asked, claim in claims if claim.in_progress]
+    return _with_holds(store, held, owners, batch.task_type), [
+        asked.task_id for asked, claim in claims if claim.in_progress
+    ]
+
+
+def _with_holds(
+    store: TaskStore, held: list[Held], owners: list[str], task_type: TaskType
+) -> list[Held]:
+    """Each claimed task with its owner's host's hold (`tocsin.holds`), all read at once:
+    one read a host of the batch, none when the stack holds no host back."""
+    if not settings().host_hold_failures:
+        return held
+    wanted: dict[str, tuple[str, str, str]] = {}
+    keyed: list[str | None] = []
+    for each, owner in zip(held, owners, strict=True):
+        task = each.task
+        if not isinstance(task, ClaimedTask):
+            keyed.append(None)
+            continue
+        key = hold_id(owner, task.target.host_key)
+        wanted[key] = (owner, task.target.host_key, task_type.value)
+        keyed.append(key)
+    holds = read_holds(store.table_name, wanted)
+    return [
+        each if key is None else replace(each, task=replace(each.task, hold=holds[key]))  # type: ignore[type-var]
+        for each, key in zip(held, keyed, strict=True)
+    ]
 
 
 def _requeued(item: dict[str, Any]) -> bool:

@@ -17,6 +17,7 @@ from tocsin.fire.claims import claim_batch, let_go
 from tocsin.fire.marks import MARK_MARGIN_MS, finish, report, report_flows, retry_later
 from tocsin.fire.plans import given_back, hand_on, plan_flows, start_onward
 from tocsin.fire.sends import HandOn, fire, sends
+from tocsin.fire.wakes import wake_held
 from tocsin.fire.writes import answered_by
 from tocsin.index_keys import writers_own
 from tocsin.model import TaskType
@@ -163,6 +164,8 @@ def _send_all(
         start_onward(tasks, batch.execution, ends_ms - MARK_MARGIN_MS, "callbacks")
     if retries := _started_here(done, batch):
         start_onward(retries, batch.execution, ends_ms - MARK_MARGIN_MS, "retries")
+    holds = {each.task.hold for each in held if isinstance(each.task, ClaimedTask)} - {None}
+    wake_held(store, holds, batch, ends_ms - MARK_MARGIN_MS)  # type: ignore[arg-type]
     if failed:
         raise failed[0][1]
     for each, (outcome, recorded) in done:  # type: ignore[misc]

@@ -95,6 +95,8 @@ def retry_later(
         "updated_at": clock.to_iso(now_ms),
         **due_index_keys(asked.task_id, outcome.next_ms, settings(), now_ms),
     }
+    if outcome.held_on is not None:  # in HeldIndex, to be woken when its host's hold ends
+        fields["held_on"] = outcome.held_on
     return written(
         asked.task_id,
         deadline_ms,
@@ -106,6 +108,11 @@ def retry_later(
 
 
 def report(asked: BatchTask, outcome: Fired | Failed | Later, counts: Counter[str]) -> None:
+    if isinstance(outcome, Later) and outcome.held_on is not None:
+        counts["waiting"] += 1
+        metrics.add_metric(name="WaitingOnHost", unit=MetricUnit.Count, value=1)
+        logger.info("waiting on its host", task_id=asked.task_id, until_ms=outcome.next_ms)
+        return
     if isinstance(outcome, Later):
         counts["retrying"] += 1
         metrics.add_metric(name="Retrying", unit=MetricUnit.Count, value=1)

@@ -17,10 +17,12 @@ from tocsin.fire import wire
 from tocsin.fire.batch import ClaimedTask, Failed, Held, Later
 from tocsin.fire.writes import TableUnavailable
 from tocsin.flow import SLOT_SLACK_MS, TICKET_AHEAD_MS, NoLeaseInTime
+from tocsin.holds import HostHold, Park
 from tocsin.model import BATCH_ENTRIES
 from tocsin.observability import logger
 from tocsin.retry import KEPT_TRIES, SHORT_PAUSE_S, ExhaustedBy
 from tocsin.sent import Fired, Try
+from tocsin.settings import settings
 from tocsin.targets.base import BATCH_BYTES, Answer, BatchedTarget, entry_bytes
 
 
@@ -231,6 +233,7 @@ def fire(tasks: list[ClaimedTask], deadline_ms: int) -> list[Fired | Failed | La
     killed mid-attempt may have acted unrecorded, and its retry would act again), else
     `Later`, RETRYING. Each task's outcome, in order."""
     due_ms, limit_ms = tasks[0].fires_ms, int(tasks[0].target.attempt_limit_s * 1000)
+    hold = tasks[0].hold  # a call's tasks share their host
     outcomes: dict[int, Fired | Failed | Later] = {}
     tries: list[list[Try]] = [list(task.tries_before) for task in tasks]
     throttled = [task.throttled_before for task in tasks]
@@ -248,12 +251,35 @@ def fire(tasks: list[ClaimedTask], deadline_ms: int) -> list[Fired | Failed | La
         at_ms = next_ms.get(i, clock.now_ms() + int(tasks[i].policy.min_backoff_s * 1000))
         outcomes[i] = Later(at_ms, cause, made(i), throttled[i], _kept(tries[i]))
 
+    def park(i: int, parked: Park) -> None:
+        """Wait on the host's hold, counting no attempt: woken when it ends, else at the
+        task's longest backoff (its age permitting)."""
+        policy, now_ms = tasks[i].policy, clock.now_ms()
+        until_ms = min(
+            now_ms + int(policy.max_backoff_s * 1000),
+            tasks[i].first_due_ms + policy.max_age_s * 1000,
+        )
+        cause = f"waiting: its host has failed since {clock.to_iso(parked.since_ms)}"
+        if until_ms <= now_ms:
+            failed(i, f"out of age after {made(i)} attempts, {cause}", ExhaustedBy.AGE)
+            return
+        kept = _kept(tries[i])
+        outcomes[i] = Later(until_ms, cause, made(i), throttled[i], kept, parked.hold)
+
     while pending:
         if max(clock.now_ms(), due_ms) + limit_ms > deadline_ms:  # it begins at the gate
             if not attempts:  # never tried: a fresh invocation will have the time
                 raise NoTimeToSend(", ".join(task.task_id for task in tasks))
             for i in pending:
                 later(i, f"out of time after {made(i)} attempts")
+            break
+        if hold is not None and attempts:  # since the claim read it, it may have begun
+            hold.refresh()
+        if hold is not None and (
+            parked := hold.verdict(tasks[0].task_id, due_ms + limit_ms, clock.now_ms())
+        ):
+            for i in pending:
+                park(i, parked)
             break
         attempts += 1
         began_ms = max(clock.now_ms(), due_ms)
@@ -297,9 +323,13 @@ def fire(tasks: list[ClaimedTask], deadline_ms: int) -> list[Fired | Failed | La
             if isinstance(why, ExhaustedBy):
                 done = "gave up" if why is ExhaustedBy.ATTEMPTS else "out of age"
                 failed(i, f"{done} after {made(i)} attempts: {answer}", why)
+                if hold is not None:  # if it was the host's prober, another one probes
+                    hold.hand_probe_on(tasks[i].task_id)
                 continue
             next_ms[i] = why
             pending.append(i)
+        if hold is not None and answers:
+            _tell(hold, tasks[min(answers)].task_id, answers, next_ms)
         if pending:
             at_ms = max(next_ms[i] for i in pending)  # a call's tasks go again together
             pause_ms = at_ms - clock.now_ms()
@@ -309,6 +339,20 @@ def fire(tasks: list[ClaimedTask], deadline_ms: int) -> list[Fired | Failed | La
                 break
             time.sleep(max(pause_ms, 0) / 1000)
     return [outcomes[i] for i in range(len(tasks))]
+
+
+def _tell(
+    hold: HostHold, task_id: str, answers: dict[int, Answer], next_ms: dict[int, int]
+) -> None:
+    """Tell the host's hold how a call went: answered (any answer not a failure for now), or
+    failed, to be tried again at the earliest of its tasks' next attempts."""
+    now_ms = clock.now_ms()
+    failures = [answer for answer in answers.values() if isinstance(answer, TransientTargetError)]
+    if len(failures) < len(answers):
+        hold.answered(now_ms)
+        return
+    again_ms = min(next_ms.values(), default=now_ms)
+    hold.failed(task_id, str(failures[0]), again_ms, now_ms, settings().host_hold_failures)
 
 
 def _next_attempt(task: ClaimedTask, counted: int, error: Exception) -> int | ExhaustedBy:

@@ -65,6 +65,11 @@ class Target(BaseModel):
         outlast its invocation (a killed attempt may have acted, unrecorded)."""
         return aws.target_attempt_limit_s()
 
+    @property
+    def host_key(self) -> str:
+        """Where its sends go, as a failing host is held back (`tocsin.holds`)."""
+        raise NotImplementedError(type(self).__name__)
+
     def prepare(self) -> None:
         """Work that can be done ahead of the due time (resolving, checking)."""
 
@@ -90,6 +95,10 @@ class BatchedTarget(Target):
     def batch_key(self) -> str:
         """Where the call goes: targets with the same key can share one call."""
         raise NotImplementedError(type(self).__name__)
+
+    @property
+    def host_key(self) -> str:
+        return self.batch_key()
 
     def entry(self, delivery: Delivery) -> dict[str, Any]:
         """This delivery's entry of the call, without its Id."""

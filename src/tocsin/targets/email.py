@@ -20,6 +20,10 @@ class EmailTarget(Target):
     to: list[EmailAddress] = Field(min_length=1, max_length=50)
     subject: str = Field(min_length=1, max_length=998)
 
+    @property
+    def host_key(self) -> str:
+        return "ses"  # one endpoint for every identity of the stack's region
+
     def send(self, delivery: Delivery, turn: wire.Turn = wire.NOW) -> dict[str, Any]:
         payload = json.loads(delivery.payload_json)
         text = payload if isinstance(payload, str) else json.dumps(payload, indent=2)

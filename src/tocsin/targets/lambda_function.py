@@ -16,6 +16,10 @@ class LambdaTarget(Target):
         r"(:[A-Za-z0-9_$-]{1,128})?$"
     )
 
+    @property
+    def host_key(self) -> str:
+        return self.function_arn
+
     def send(self, delivery: Delivery, turn: wire.Turn = wire.NOW) -> dict[str, Any]:
         with aws_target_call(turn):
             reply = aws.target_client("lambda").invoke(

@@ -164,6 +164,10 @@ class WebhookTarget(Target):
     def attempt_limit_s(self) -> float:
         return settings().webhook_attempt_limit_s
 
+    @property
+    def host_key(self) -> str:
+        return urlsplit(self.url).netloc.lower()
+
     def prepare(self) -> None:
         """Resolve and check the host, fetch the signing keys and connect (TCP and TLS)."""
         parts = urlsplit(self.url)

@@ -343,11 +343,18 @@ function failed(root) {
   let most = FAILED_PAGE;
   const more = h("button", { name: "more", hidden: true,
     onclick: () => { most += FAILED_PAGE; refreshNow(); } }, "Show more");
-  root.append(h("h1", {}, "Failed"),
+  const held = h("div");
+  root.append(h("h1", {}, "Failed"), held,
     h("p", { class: "muted" }, "Retry fires a task again at once, as its next version."), rows, more);
   return async function refresh() {
     const query = { status: "FAILED", order: "desc", due_before: iso(Date.now() + 1000), limit: FAILED_PAGE };
-    const read = await listing("/tasks", query, most);
+    const [read, targets] = await Promise.all([listing("/tasks", query, most), api("GET", "/targets")]);
+    held.replaceChildren(...(targets.held.length ? [h("h2", {}, "Hosts held back"),
+      h("p", { class: "muted" }, "Each failed again and again: one task probes it while the others wait, counting no attempt, until it answers."),
+      table(["host", "type", "held since (UTC)", "failures in a row", "waiting", "last error"],
+        targets.held.map((host) => h("tr", {}, h("td", {}, host.host), h("td", {}, swatch(host.task_type), host.task_type),
+          h("td", {}, shown(host.held_since)), h("td", {}, String(host.failures)), h("td", {}, String(host.waiting)),
+          h("td", { class: "wrap" }, host.last_error || ""))))] : []));
     more.hidden = !read.more;
     rows.replaceChildren(table(["id", "type", "due at (UTC)", "attempts", "error", ""],
       read.items.map((task) => h("tr", {},
