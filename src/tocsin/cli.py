@@ -210,7 +210,7 @@ def json_argument(text: str) -> Any:
 def _api_command(args: argparse.Namespace) -> int:
     """The task and schedule commands: one API call each, printed for people or --json."""
     from tocsin.client import ApiError, Client
-    from tocsin.terminal import print_page, print_schedules, print_task
+    from tocsin.terminal import print_held, print_page, print_schedules, print_task
 
     if not args.url:
         print("error: give --url or set TOCSIN_URL (tocsin serve prints it)", file=sys.stderr)
@@ -231,6 +231,8 @@ def _api_command(args: argparse.Namespace) -> int:
         print_page(result)
     elif hasattr(result, "schedules"):
         print_schedules(result)
+    elif hasattr(result, "held"):
+        print_held(result)
     else:
         print_task(result)
     return 0
@@ -329,6 +331,11 @@ def _add_task_commands(commands: Any) -> None:
     cancel = commands.add_parser("cancel", parents=[common], help="cancel a task not yet fired")
     cancel.add_argument("task_id")
     cancel.set_defaults(run=_api_command, call=lambda client, args: client.cancel(args.task_id))
+
+    targets = commands.add_parser(
+        "targets", parents=[common], help="your hosts held back for failing (GET /targets)"
+    )
+    targets.set_defaults(run=_api_command, call=lambda client, args: client.targets())
 
     reschedule = commands.add_parser(
         "reschedule", parents=[common], help="move a task not yet fired, or change its payload"

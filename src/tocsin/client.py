@@ -22,7 +22,7 @@ from urllib.parse import quote, urlencode, urlsplit
 import urllib3
 from pydantic import BaseModel, ConfigDict
 
-from tocsin.api_models import ScheduleView, TaskView
+from tocsin.api_models import HeldTargets, ScheduleView, TaskView
 from tocsin.api_models import TaskSummary as ApiTaskSummary
 
 _UNSET: Any = object()
@@ -262,6 +262,10 @@ class Client:
     def retry(self, task_id: str) -> Task:
         """Fire a FAILED task again, as its next version."""
         return Task.model_validate(self._call("POST", f"/tasks/{quote(task_id, safe='')}/retry"))
+
+    def targets(self) -> HeldTargets:
+        """Your hosts held back for failing, and how many tasks wait on each."""
+        return HeldTargets.model_validate(self._call("GET", "/targets"))
 
     def reschedule(
         self,

@@ -82,9 +82,12 @@ class Flow(BaseModel):
 
 
 def flow_of(item: dict[str, Any]) -> Flow | None:
-    """The flow a stored task names, else its host's (`host_flow`), if any."""
+    """The flow a stored task names, else its host's recovery (`recovery_flow`: it waited
+    on the host's hold, and was woken), else its host's (`host_flow`), if any."""
     if "flow" in item:
         return Flow.model_validate_json(item["flow"])
+    if "recovering" in item:
+        return recovery_flow(item["recovering"])
     if item.get("task_type") == "webhook" and "target" in item:
         return host_flow(item["target"])
     return None
@@ -107,6 +110,15 @@ def host_flow(target: str) -> Flow | None:
         rate=config.host_flow_rate or None,
         parallelism=config.host_flow_parallelism or None,
     )
+
+
+def recovery_flow(hold: str) -> Flow:
+    """The flow the tasks that waited on a host's hold (`tocsin.holds`) go through once it
+    ends: a ledger of the hold's own, at HostRecoveryRate, or at HostFlowRate if that is
+    lower."""
+    config = settings()
+    rate = min(config.host_recovery_rate, config.host_flow_rate or config.host_recovery_rate)
+    return Flow(key=f"recover:{hold.rsplit(':', 1)[-1]}", rate=rate)
 
 
 def spacing_us(rate: int) -> int:

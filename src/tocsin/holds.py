@@ -30,7 +30,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from tocsin import aws, clock
 from tocsin.batch_read import BATCH_GET_MAX, batch_read
 from tocsin.errors import Busy
-from tocsin.flow import LEDGER_DAYS, Flow
+from tocsin.flow import LEDGER_DAYS
 from tocsin.observability import logger
 
 HOLD_PREFIX = "~hold:"  # no task id holds a `~`
@@ -269,12 +269,6 @@ def read_holds(table_name: str, wanted: dict[str, tuple[str, str, str]]) -> dict
         i: HostHold(table, owner, host, task_type, found.get(i, {}))
         for i, (owner, host, task_type) in wanted.items()
     }
-
-
-def recovery_flow(hold: str, rate: int) -> Flow:
-    """The flow a hold's waiting tasks are woken through: a ledger of its own, at the
-    recovery rate."""
-    return Flow(key=f"recover:{hold.removeprefix(HOLD_PREFIX)}", rate=rate)
 
 
 def waiting(table: Any, hold: str, limit: int | None = None) -> Iterator[str]:

@@ -45,7 +45,7 @@ STATUS_AND_VERSION = {"#s": "status", "#v": "version"}
 PLANNED = ("planned_ms", "planned_at")
 HELD = ", ".join((*PLANNED, "held_ms"))
 # A RETRYING version's state (`retry_later`): gone once it ends, or a new version begins.
-RETRY_STATE = ("next_attempt_ms", "next_attempt_at", "throttled", "held_on")
+RETRY_STATE = ("next_attempt_ms", "next_attempt_at", "throttled", "held_on", "recovering")
 # Not claimed yet: PENDING, or RETRYING (due at its next attempt); cancelled or changed so.
 UNCLAIMED = "#s IN (:pending, :retrying)"
 _serialize = TypeSerializer().serialize

@@ -51,6 +51,26 @@ def print_schedules(page: Any) -> None:
         _console.print(f"more: --next {page.next}")
 
 
+def print_held(targets: Any) -> None:
+    if not targets.held:
+        _console.print("no host is held back")
+        return
+    table = Table()
+    table.add_column("host", no_wrap=True)  # whole, to be copied
+    for heading in ("type", "held since", "failures", "waiting", "last error"):
+        table.add_column(heading)
+    for host in targets.held:
+        table.add_row(
+            host.host,
+            host.task_type,
+            host.held_since,
+            str(host.failures),
+            str(host.waiting),
+            host.last_error or "",
+        )
+    _console.print(table)
+
+
 def print_redrive(report: Any) -> None:
     table = Table("task", "version", "outcome")
     for task_id, version, outcome in report.tasks:

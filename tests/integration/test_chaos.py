@@ -113,7 +113,9 @@ def test_a_receivers_outage_fails_no_task_and_each_arrives_once_after_it():
     outage = result["outage"]
     assert outage["attempts_during"] < 2 * tasks and outage["tried_more_than_once"] <= 3
     assert outage["most_attempts_of_one_task"] > 2  # the prober's
-    assert outage["most_in_any_second_after"] <= outage["recovery_rate"] + 1
+    # as written by the executors: the receiver, a thread of the runtime's busy process,
+    # stamps some late, which bunches them
+    assert outage["most_written_in_any_second_after"] <= outage["recovery_rate"]
 
 
 @group("executor-faults")

@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from http.server import BaseHTTPRequestHandler
@@ -147,6 +148,27 @@ def test_cli_commands_print_for_people_and_for_scripts(api_url, capsys):
         capsys, "submit", *common, "--type", "sns", "--target", "{}", "--at", "+1m"
     )
     assert code == 1 and "field: target.topic_arn" in err
+
+
+def test_client_and_cli_show_a_held_host_to_its_owner_alone(api_url, receiver, capsys):
+    receiver.status_for["/down"] = 503
+    alice = Client(api_url, principal="alice")
+    for _ in range(5):  # HostHoldFailures: five failed sends in a row hold the host
+        alice.submit(
+            type="webhook", target={"url": f"{receiver.url}/down"}, delay=1,
+            retry={"min_backoff_s": 30, "max_backoff_s": 600},
+        )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not alice.targets().held and time.monotonic() < deadline:
+        time.sleep(0.2)
+    [held] = alice.targets().held
+    host = receiver.url.split("/")[2]
+    assert held.host == host and held.failures >= 5 and "503" in (held.last_error or "")
+    assert Client(api_url, principal="bob").targets().held == []  # holds are per owner
+    code, out, _ = run_cli(capsys, "targets", "--url", api_url, "--principal", "alice")
+    assert code == 0 and host in out and "503" in out
+    code, out, _ = run_cli(capsys, "targets", "--url", api_url, "--principal", "bob", "--json")
+    assert code == 0 and json.loads(out) == {"held": []}
 
 
 def test_cli_refuses_a_time_without_a_zone():

@@ -121,11 +121,17 @@ def _claimed(item: dict[str, Any], asked: BatchTask, task_type: TaskType) -> Cla
             throttled_before=int(item.get("throttled", 0)) if retrying else 0,
             tries_before=tuple(json.loads(item.get("tries", "[]"))) if retrying else (),
             flow=flow_of(item),
-            planned_ms=int(item.get("planned_ms", 0)),
+            planned_ms=int(item.get("planned_ms", 0)) if _own_plan(item) else 0,
             flow_held="planned_ms" in item,
         )
     except (ValidationError, KeyError, ValueError, TypeError, AttributeError) as error:
         return Failed("PermanentTargetError", f"malformed stored task: {error}", 0)
+
+
+def _own_plan(item: dict[str, Any]) -> bool:
+    """Whether the slot on a task is its flow's: a task woken from a hold has a slot of its
+    host's recovery flow, which a flow of its own plans anew."""
+    return not ("recovering" in item and "flow" in item)
 
 
 def let_go(store: TaskStore, holder: Holder, tasks: list[BatchTask]) -> None:

@@ -1,6 +1,7 @@
 """Wakes: the tasks waiting on a host's hold (`tocsin.holds`) due again, when the hold
 ends (all of them, at the host's recovery rate) or when its prober gave up (one, to probe
-next): each moved in the dispatch index to a slot of the hold's own flow ledger, and those
+next): each moved in the dispatch index to a slot of the hold's recovery flow
+(`tocsin.flow.recovery_flow`), which it is sent through as any flow's task is, and those
 due too soon for the finder started here."""
 
 from concurrent.futures import ThreadPoolExecutor
@@ -13,8 +14,8 @@ from tocsin.dispatch import DueTask
 from tocsin.fire.batch import BatchEvent
 from tocsin.fire.claims import CLAIM_WORKERS
 from tocsin.fire.plans import start_onward
-from tocsin.flow import RateLedger
-from tocsin.holds import HostHold, recovery_flow
+from tocsin.flow import RateLedger, recovery_flow
+from tocsin.holds import HostHold
 from tocsin.index_keys import due_index_keys, writers_own
 from tocsin.model import TaskType
 from tocsin.observability import logger, metrics
@@ -43,7 +44,7 @@ def wake(store: TaskStore, hold: HostHold, batch: BatchEvent, by_ms: int, limit:
     time, until `by_ms`: those not woken by then wake at their own time (their longest
     backoff). How many were woken."""
     config = settings()
-    ledger, flow = RateLedger(store.table_name), recovery_flow(hold.id, config.host_recovery_rate)
+    ledger, flow = RateLedger(store.table_name), recovery_flow(hold.id)
     ids = store.waiting_on(hold.id, limit)
     woken = 0
     while clock.now_ms() < by_ms and (page := list(islice(ids, WAKE_PAGE))):
@@ -52,9 +53,12 @@ def wake(store: TaskStore, hold: HostHold, batch: BatchEvent, by_ms: int, limit:
         now_ms = clock.now_ms()
 
         def moved(task_id: str, slot_ms: int) -> DueTask | None:
-            fields = {
+            fields = {  # its slot its plan's: a send late past it takes the flow's next one
                 "next_attempt_ms": slot_ms,
                 "next_attempt_at": clock.to_iso(slot_ms),
+                "planned_ms": slot_ms,
+                "planned_at": clock.to_iso(slot_ms),
+                "recovering": hold.id,
                 "updated_at": clock.to_iso(now_ms),  # noqa: B023
                 **due_index_keys(task_id, slot_ms, config, now_ms),  # noqa: B023
             }
