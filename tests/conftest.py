@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -340,3 +341,22 @@ def stop(server: subprocess.Popen, within_s: float = 60) -> None:
         server.send_signal(signal.SIGABRT)
         server.wait(timeout=30)
         pytest.fail(f"tocsin serve did not stop {within_s} s after Ctrl-C: its threads above")
+
+
+@contextmanager
+def polling(runtime) -> Iterator[None]:
+    """The runtime's queues polled, as Lambda's mappings would (the tests' runtimes run no
+    poller): a bulk action's job is worked."""
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(0.1):
+            runtime.poll_queues()
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        poller.join()

@@ -22,6 +22,7 @@ from botocore.exceptions import ClientError
 
 from tocsin import aws
 from tocsin.api_models import (
+    BulkView,
     ErrorReply,
     HeldTargets,
     SchedulePage,
@@ -30,6 +31,7 @@ from tocsin.api_models import (
     TaskView,
     Upcoming,
 )
+from tocsin.bulk import BulkRequest, get_bulk, queue_job, start_bulk
 from tocsin.errors import Busy, TaskError, Unauthenticated
 from tocsin.lifecycle import (
     MAX_PAGE,
@@ -87,6 +89,10 @@ def _replies(success: dict[int, tuple[str, type]], *refused: int) -> dict[int, A
     }
 
 
+# What a POST that creates may be refused with: bad, unsigned, another body, not JSON.
+REFUSED_POSTS = (400, 401, 409, 415)
+
+
 def _reply(status: int, body: dict[str, Any]) -> Response[Any]:
     return Response(status, content_types.APPLICATION_JSON, body)
 
@@ -106,7 +112,7 @@ def _caller() -> str:
     "/tasks",
     summary="Schedule a task (the same id and body again: the task as stored)",
     responses=_replies(
-        {201: ("scheduled", TaskView), 200: ("already scheduled", TaskView)}, 400, 401, 409, 415
+        {201: ("scheduled", TaskView), 200: ("already scheduled", TaskView)}, *REFUSED_POSTS
     ),
 )
 def submit(submission: Annotated[Submission, Body()]) -> Response[TaskView]:
@@ -190,11 +196,7 @@ def retry(id: TaskId) -> Response[TaskView]:
     "/schedules",
     summary="Create a recurring schedule (the same id and body again: the schedule as stored)",
     responses=_replies(
-        {201: ("created", ScheduleView), 200: ("already created", ScheduleView)},
-        400,
-        401,
-        409,
-        415,
+        {201: ("created", ScheduleView), 200: ("already created", ScheduleView)}, *REFUSED_POSTS
     ),
 )
 def create(spec: Annotated[ScheduleSpec, Body()]) -> Response[ScheduleView]:
@@ -267,6 +269,33 @@ def targets() -> Response[HeldTargets]:
     return _reply(HTTPStatus.OK, held_targets(_caller(), settings()))
 
 
+BulkId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$")]
+
+
+@app.post(
+    "/bulk",
+    summary="Cancel or retry every task a filter matches, as a job that goes on after this",
+    responses=_replies(
+        {202: ("started", BulkView), 200: ("started already, under this client_token", BulkView)},
+        *REFUSED_POSTS,
+    ),
+)
+def bulk(request: Annotated[BulkRequest, Body()]) -> Response[BulkView]:
+    config = settings()
+    job, new = start_bulk(request, _caller(), config, lambda bulk_id: queue_job(bulk_id, config))
+    logger.info("bulk action", bulk_id=job["bulk_id"], action=request.action, new=new)
+    return _reply(HTTPStatus.ACCEPTED if new else HTTPStatus.OK, job)
+
+
+@app.get(
+    "/bulk/<id>",
+    summary="A bulk action's progress: matched, done, failed",
+    responses=_replies({200: ("the job", BulkView)}, 400, 401, 404),
+)
+def bulk_progress(id: BulkId) -> Response[BulkView]:
+    return _reply(HTTPStatus.OK, get_bulk(id, _caller(), settings()))
+
+
 @app.exception_handler(TaskError)
 def refused(error: TaskError) -> Response[Any]:
     logger.info("refused", code=error.code, field=error.field)
@@ -316,6 +345,8 @@ METHODS = {
     re.compile(r"/schedules/[^/]+"): "DELETE, GET, PATCH",
     re.compile(r"/schedules/[^/]+/upcoming"): "GET",
     re.compile(r"/targets"): "GET",
+    re.compile(r"/bulk"): "POST",
+    re.compile(r"/bulk/[^/]+"): "GET",
 }
 
 

@@ -121,6 +121,22 @@ class HeldTargets(BaseModel):
     held: list[HeldHost]
 
 
+class BulkView(BaseModel):
+    """A bulk action's job: what it matched, did and could not do so far."""
+
+    bulk_id: str
+    action: str
+    filter: dict[str, JsonValue]
+    dry_run: bool
+    state: str = Field(description="RUNNING, then DONE")
+    matched: int = Field(description="tasks the filter matched, in the statuses acted on")
+    done: int = Field(description="tasks cancelled or retried (none in a dry run)")
+    failed: int = Field(description="matched tasks that changed before they were acted on")
+    schedules_deleted: int = Field(description="a cancel's schedules carrying its tags")
+    created_at: str
+    updated_at: str
+
+
 class ErrorDetail(BaseModel):
     code: str
     message: str

@@ -222,6 +222,8 @@ def _api_command(args: argparse.Namespace) -> int:
         where = f" (field: {error.field})" if error.field else ""
         print(f"error: {error.status} {error.code}: {error.message}{where}", file=sys.stderr)
         return 1
+    if result is None:  # the command declined, and said why
+        return 1
     if isinstance(result, list):  # upcoming occurrences
         moments = [moment.isoformat(timespec="milliseconds") for moment in result]
         print(json.dumps(moments) if args.json else "\n".join(moments))
@@ -233,7 +235,7 @@ def _api_command(args: argparse.Namespace) -> int:
         print_schedules(result)
     elif hasattr(result, "held"):
         print_held(result)
-    else:
+    else:  # a task, or a bulk action's job: its fields
         print_task(result)
     return 0
 
@@ -271,6 +273,46 @@ def _reschedule_call(client: Any, args: argparse.Namespace) -> Any:
     if args.payload is not None:
         changes["payload"] = args.payload
     return client.reschedule(args.task_id, **changes)
+
+
+# A cancel that matches more tasks than this is asked about first (or given --yes).
+HANDFUL = 5
+BULK_POLL_S = 1.0
+
+
+def _bulk_call(client: Any, args: argparse.Namespace) -> Any:
+    """A bulk action, followed to its end with its progress on stderr. A cancel of more than
+    a handful is counted first (a dry run) and goes ahead once confirmed."""
+    asked = {
+        "tags": args.tags,
+        "status": args.status,
+        "due_before": args.due_before,
+        "due_after": args.due_after,
+    }
+    if args.action == "cancel" and not (args.dry_run or args.yes):
+        counted = _followed(client, client.bulk("cancel", **asked, dry_run=True))
+        if counted.matched > HANDFUL and not _confirmed(counted.matched, args.tags):
+            print("nothing cancelled", file=sys.stderr)
+            return None
+    job = client.bulk(args.action, **asked, dry_run=args.dry_run, client_token=args.token)
+    return _followed(client, job)
+
+
+def _followed(client: Any, job: Any) -> Any:
+    while job.state != "DONE":
+        print(f"{job.action}: matched {job.matched}, done {job.done}", file=sys.stderr)
+        time.sleep(BULK_POLL_S)
+        job = client.bulk_progress(job.bulk_id)
+    return job
+
+
+def _confirmed(matched: int, tags: dict[str, str] | None) -> bool:
+    schedules = " and the schedules carrying its tags" if tags else ""
+    if not sys.stdin.isatty():
+        print(f"{matched} tasks match: give --yes to cancel them", file=sys.stderr)
+        return False
+    answer = input(f"Cancel {matched} tasks{schedules}? [y/N] ")
+    return answer.strip().lower() in ("y", "yes")
 
 
 def _retry_and_tags(command: argparse.ArgumentParser) -> None:
@@ -331,6 +373,19 @@ def _add_task_commands(commands: Any) -> None:
     cancel = commands.add_parser("cancel", parents=[common], help="cancel a task not yet fired")
     cancel.add_argument("task_id")
     cancel.set_defaults(run=_api_command, call=lambda client, args: client.cancel(args.task_id))
+
+    bulk = commands.add_parser(
+        "bulk", parents=[common], help="cancel or retry every task a filter matches"
+    )
+    bulk.add_argument("action", choices=["cancel", "retry"])
+    bulk.add_argument("--tags", type=json_argument, help="tasks carrying each, JSON")
+    bulk.add_argument("--status", action="append", help="PENDING, RETRYING or FAILED (repeat)")
+    bulk.add_argument("--due-before", help="ISO-8601 time")
+    bulk.add_argument("--due-after", help="ISO-8601 time")
+    bulk.add_argument("--dry-run", action="store_true", help="count the matches, act on none")
+    bulk.add_argument("--yes", action="store_true", help="cancel without asking")
+    bulk.add_argument("--token", help="a client token: the same one again is the same job")
+    bulk.set_defaults(run=_api_command, call=_bulk_call)
 
     targets = commands.add_parser(
         "targets", parents=[common], help="your hosts held back for failing (GET /targets)"

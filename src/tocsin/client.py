@@ -14,7 +14,7 @@ name the caller in `X-Tocsin-Principal`, which only `tocsin serve` honours.
 
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
@@ -22,7 +22,7 @@ from urllib.parse import quote, urlencode, urlsplit
 import urllib3
 from pydantic import BaseModel, ConfigDict
 
-from tocsin.api_models import HeldTargets, ScheduleView, TaskView
+from tocsin.api_models import BulkView, HeldTargets, ScheduleView, TaskView
 from tocsin.api_models import TaskSummary as ApiTaskSummary
 
 _UNSET: Any = object()
@@ -337,6 +337,35 @@ class Client:
     def delete_schedule(self, schedule_id: str) -> Schedule:
         """Delete a schedule (its unclaimed occurrences are cancelled); it as it was."""
         return Schedule.model_validate(self._call("DELETE", _schedule_path(schedule_id)))
+
+    def bulk(
+        self,
+        action: str,
+        *,
+        tags: dict[str, str] | None = None,
+        status: Sequence[str] | None = None,
+        due_before: datetime | str | None = None,
+        due_after: datetime | str | None = None,
+        dry_run: bool = False,
+        client_token: str | None = None,
+    ) -> BulkView:
+        """Start cancelling (`cancel`) or retrying (`retry`) every task the filter matches, as
+        a job that goes on after the call: `bulk_progress` shows it. A cancel also deletes
+        every schedule carrying `tags`. The same `client_token` again answers the same job."""
+        wanted = {"tags": tags, "status": status} | _times(
+            due_before=due_before, due_after=due_after
+        )
+        body: dict[str, Any] = {
+            "action": action,
+            "filter": {name: value for name, value in wanted.items() if value is not None},
+            "dry_run": dry_run,
+        }
+        if client_token is not None:
+            body["client_token"] = client_token
+        return BulkView.model_validate(self._call("POST", "/bulk", body))
+
+    def bulk_progress(self, bulk_id: str) -> BulkView:
+        return BulkView.model_validate(self._call("GET", f"/bulk/{quote(bulk_id, safe='')}"))
 
     # -- the wire --------------------------------------------------------------------------
 

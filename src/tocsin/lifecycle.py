@@ -198,15 +198,18 @@ def cancel_task(task_id: str, owner: str, config: Settings) -> dict[str, Any]:
     return task_view(store.whole([item])[0])
 
 
-def retry_task(task_id: str, owner: str, config: Settings) -> dict[str, Any]:
+def retry_task(
+    task_id: str, owner: str, config: Settings, recovering: str | None = None
+) -> dict[str, Any]:
     """A FAILED task again, as its next version, fired at once: what `tocsin redrive` does
-    for an operator, done by the task's owner."""
+    for an operator, done by the task's owner (`recovering`: through that recovery flow,
+    as a bulk retry's tasks go)."""
     store = TaskStore(config.tasks_table)
     item = _owned(store, task_id, owner)
     if item["status"] != TaskStatus.FAILED:
         message = f"id: task {task_id!r} is {item['status']}, only a FAILED one is retried"
         raise Conflict(message, "id")
-    retried = redrive_failed(store, item, config)
+    retried = redrive_failed(store, item, config, recovering)
     if retried is None:
         raise _unchangeable(store, task_id, owner, "retried")
     return task_view(store.whole([retried])[0])

@@ -116,14 +116,15 @@ def _redrive_one(
 
 
 def redrive_failed(
-    store: TaskStore, item: dict[str, Any], config: Settings
+    store: TaskStore, item: dict[str, Any], config: Settings, recovering: str | None = None
 ) -> dict[str, Any] | None:
     """A FAILED task (`item`, as read) back to PENDING as its next version, started at once
-    (its due time has passed); the task as it is now, or None if it changed meanwhile."""
+    (its due time has passed), through the recovery flow `recovering` names, if any; the
+    task as it is now, or None if it changed meanwhile."""
     now = clock.now_ms()
     task_id, version = item["task_id"], int(item["version"])
     keys = due_index_keys(task_id, int(item["due_ms"]), config, now)
-    redriven = store.redrive(task_id, version, keys, clock.to_iso(now))
+    redriven = store.redrive(task_id, version, keys, clock.to_iso(now), recovering)
     if redriven is not None:
         dispatch_if_due_soon(redriven, config)
     return redriven

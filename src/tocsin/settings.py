@@ -49,6 +49,7 @@ class Settings(BaseModel):
     dispatch_workers: int = Field(16, alias="DISPATCH_WORKERS", ge=1)
     dead_letter_queue_url: str = Field("", alias="DEAD_LETTER_QUEUE_URL")
     submit_dead_letter_queue_url: str = Field("", alias="SUBMIT_DEAD_LETTER_QUEUE_URL")
+    bulk_queue_url: str = Field("", alias="BULK_QUEUE_URL")
     webhook_secret_arn: str = Field("", alias="WEBHOOK_SECRET_ARN")
     webhook_allowed_hosts: frozenset[str] = Field(frozenset(), alias="WEBHOOK_ALLOWED_HOSTS")
     # The flow of a webhook task that names none, keyed by its URL's host (0: no limit).

@@ -590,17 +590,30 @@ class TaskStore:
         return count
 
     def redrive(
-        self, task_id: str, version: int, index_keys: dict[str, Any], now_iso: str
+        self,
+        task_id: str,
+        version: int,
+        index_keys: dict[str, Any],
+        now_iso: str,
+        recovering: str | None = None,
     ) -> dict[str, Any] | None:
-        """A FAILED task back to PENDING as version + 1, attempts reset; None if it changed."""
+        """A FAILED task back to PENDING as version + 1, attempts reset, through the
+        recovery flow `recovering` names if any (`tocsin.flow.recovery_flow`); None if it
+        changed."""
+        gone = [*RETRY_STATE]
+        sets, more = "", {}
+        if recovering is not None:
+            gone.remove("recovering")
+            sets, more = ", recovering = :recovering", {":recovering": recovering}
         return self._update(
             task_id,
             "SET #v = :next, #s = :pending, attempts = :zero, updated_at = :now, "
-            "gsi_pk = :pk, gsi_due_ms = :due, placed_ms = :placed "
+            f"gsi_pk = :pk, gsi_due_ms = :due, placed_ms = :placed{sets} "
             "REMOVE #e, expires_at, execution, attempt, lease_until, requeues, retried, tries, "
-            f"exhausted_by, {HELD}, {', '.join(RETRY_STATE)}",
+            f"exhausted_by, {HELD}, {', '.join(gone)}",
             "#s = :failed AND #v = :v",
             {
+                **more,
                 ":next": version + 1,
                 ":v": version,
                 ":pending": TaskStatus.PENDING.value,

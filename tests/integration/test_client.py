@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from tests.conftest import http_server, last_json, wait_for_status, webhook_task
+from tests.conftest import http_server, last_json, polling, wait_for_status, webhook_task
 from tocsin import Client, clock
 from tocsin.cli import main
 from tocsin.client import Conflict, InvalidRequest, NotFound
@@ -27,6 +27,12 @@ ROOT = Path(__file__).parents[2]
 def api_url(runtime) -> Iterator[str]:
     with serving(runtime) as url:
         yield url
+
+
+@pytest.fixture
+def polled(runtime) -> Iterator[None]:
+    with polling(runtime):
+        yield
 
 
 QUEUE_URL = "https://sqs.us-east-1.amazonaws.com/123456789012/outcomes"
@@ -277,3 +283,28 @@ def test_client_and_cli_cover_every_schedule_endpoint(api_url, capsys):
     assert code == 0
     code, _, err = run_cli(capsys, "schedule", "get", "cli-s", *common)
     assert code == 1 and "404" in err
+
+
+ARN = "arn:aws:sns:us-east-1:123456789012:alerts"
+
+
+@pytest.mark.usefixtures("polled")
+def test_the_cli_asks_before_a_bulk_cancel_of_more_than_a_handful(api_url, capsys, monkeypatch):
+    alice = Client(api_url, principal="alice")
+    for _ in range(7):
+        alice.submit(type="sns", target={"topic_arn": ARN}, delay=3600, tags={"user": "42"})
+    alice.submit(type="sns", target={"topic_arn": ARN}, delay=3600, id="kept", tags={"user": "7"})
+    common = ["--url", api_url, "--principal", "alice", "--tags", '{"user": "42"}']
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    monkeypatch.setattr("builtins.input", lambda prompt: "n")
+    code, _, err = run_cli(capsys, "bulk", "cancel", *common)
+    assert code == 1 and "nothing cancelled" in err
+    assert [t.status for t in alice.list(tags={"user": "42"}).tasks] == ["PENDING"] * 7
+    asked = []
+    monkeypatch.setattr("builtins.input", lambda prompt: asked.append(prompt) or "y")
+    code, out, _ = run_cli(capsys, "bulk", "cancel", *common, "--json")
+    job = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and asked == ["Cancel 7 tasks and the schedules carrying its tags? [y/N] "]
+    assert job["state"] == "DONE" and job["done"] == 7
+    assert alice.get("kept").status == "PENDING"
+    assert Client(api_url, principal="alice").bulk_progress(job["bulk_id"]).done == 7

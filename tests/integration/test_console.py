@@ -23,6 +23,7 @@ from tests.conftest import (
     all_tasks,
     call_api,
     http_server,
+    polling,
     stored,
     wait_for_status,
     webhook_task,
@@ -318,6 +319,28 @@ def test_the_failed_view_lists_the_hosts_held_back(console, page, runtime, recei
     row.wait_for()
     assert "503" in row.inner_text() and "webhook" in row.inner_text()
     shot(page, "held")
+
+
+def test_a_bulk_cancel_from_the_console_asks_first_then_cancels_them_all(console, page, runtime):
+    target = {"topic_arn": "arn:aws:sns:us-east-1:123456789012:alerts"}
+    for i in range(7):
+        body = {"id": f"user-{i}", "delay": 3600, "type": "sns", "target": target}
+        call_api(runtime, "POST", "/tasks", body | {"tags": {"user": "42"}})
+    page.goto(f"{console}/#/bulk")
+    page.fill("input[name=tags]", "user=42")
+    said = page.locator("#bulk-said")
+    with polling(runtime):
+        page.once("dialog", lambda dialog: dialog.dismiss())
+        page.click("button[name=run]")
+        expect(said).to_have_text("nothing cancelled")
+        assert stored("user-0")["status"] == "PENDING"
+        asked = []
+        page.once("dialog", lambda dialog: asked.append(dialog.message) or dialog.accept())
+        page.click("button[name=run]")
+        expect(said).to_contain_text("done 7")
+    assert asked == ["Cancel 7 tasks, and the schedules carrying these tags?"]
+    assert {stored(f"user-{i}")["status"] for i in range(7)} == {"CANCELLED"}
+    shot(page, "bulk")
 
 
 def test_a_foreign_host_or_origin_is_refused(console, page):

@@ -153,19 +153,23 @@ def test_the_state_machine_and_the_finder_schedule_exist(deployed):
 def test_the_queues_are_encrypted_and_the_submit_queue_redrives(deployed):
     _, physical = deployed
     sqs = boto3.client("sqs")
-    for name in ("DeadLetterQueue", "SubmitQueue", "SubmitDeadLetterQueue"):
+    queues = ("DeadLetterQueue", "SubmitQueue", "SubmitDeadLetterQueue", "BulkQueue")
+    for name in (*queues, "BulkDeadLetterQueue"):
         attributes = sqs.get_queue_attributes(QueueUrl=physical[name], AttributeNames=["All"])
         assert attributes["Attributes"]["SqsManagedSseEnabled"] == "true", name
-    attributes = sqs.get_queue_attributes(QueueUrl=physical["SubmitQueue"], AttributeNames=["All"])
-    redrive = attributes["Attributes"]["RedrivePolicy"]
-    redrive = json.loads(redrive) if isinstance(redrive, str) else redrive
-    assert redrive["deadLetterTargetArn"].endswith(
-        physical["SubmitDeadLetterQueue"].rsplit("/")[-1]
-    )
-    assert int(redrive["maxReceiveCount"]) == 5
-    [mapping] = boto3.client("lambda").list_event_source_mappings()["EventSourceMappings"]
-    assert mapping["FunctionArn"].endswith(physical["SubmitFunction"])
-    assert mapping["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+    for queue in ("SubmitQueue", "BulkQueue"):
+        url = physical[queue]
+        attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])
+        redrive = attributes["Attributes"]["RedrivePolicy"]
+        redrive = json.loads(redrive) if isinstance(redrive, str) else redrive
+        letters = physical[queue.replace("Queue", "DeadLetterQueue")].rsplit("/")[-1]
+        assert redrive["deadLetterTargetArn"].endswith(letters)
+        assert int(redrive["maxReceiveCount"]) == 5
+    mappings = boto3.client("lambda").list_event_source_mappings()["EventSourceMappings"]
+    by_function = {m["FunctionArn"].rsplit(":", 1)[-1]: m for m in mappings}
+    assert set(by_function) == {physical["SubmitFunction"], physical["BulkFunction"]}
+    submit = by_function[physical["SubmitFunction"]]
+    assert submit["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
 
 
 def test_operations_resources_exist(deployed):

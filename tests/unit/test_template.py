@@ -376,7 +376,7 @@ def test_every_function_logs_to_a_group_of_the_stacks_kept_as_long_as_asked():
         assert resources[group]["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"}
         assert resources[group].get("DeletionPolicy", "Delete") == "Delete"
         groups.add(group)
-    assert len(groups) == len(functions) == 9  # one each: a group's streams are one function's
+    assert len(groups) == len(functions) == 10  # one each: a group's streams are one function's
     assert TEMPLATE["Parameters"]["LogRetentionDays"]["Default"] == 30
 
 

@@ -365,6 +365,58 @@ function failed(root) {
   };
 }
 
+// -- Bulk: every task a filter matches cancelled or retried, asked first when many ---------
+
+const HANDFUL = 5;
+
+function bulk(root) {
+  const action = h("select", { name: "action" },
+    h("option", { value: "cancel" }, "Cancel"), h("option", { value: "retry" }, "Retry"));
+  const tags = h("input", { name: "tags", size: 40, placeholder: "user=42, plan=trial" });
+  const said = h("p", { id: "bulk-said" });
+  const run = h("button", { name: "run", onclick: () => start() }, "Run");
+  root.append(h("h1", {}, "Bulk"),
+    h("p", { class: "muted" }, "Cancel every task not yet fired that carries all these tags, and delete the schedules carrying them; or retry every failed one, at the stack's recovery rate."),
+    h("p", {}, h("label", {}, "Action ", action), " ", h("label", {}, "Tags ", tags), " ", run), said);
+
+  function filter() {
+    const pairs = tags.value.split(",").map((pair) => pair.trim()).filter(Boolean)
+      .map((pair) => [pair.slice(0, pair.indexOf("=")), pair.slice(pair.indexOf("=") + 1)]);
+    return pairs.length ? { tags: Object.fromEntries(pairs) } : {};
+  }
+  async function followed(job) {
+    while (job.state !== "DONE") {
+      said.textContent = `${job.action}: matched ${job.matched}, done ${job.done}`;
+      await new Promise((resolve) => setTimeout(resolve, 1000));
+      job = await api("GET", `/bulk/${job.bulk_id}`);
+    }
+    return job;
+  }
+  async function start() {
+    const body = { action: action.value, filter: filter() };
+    run.disabled = true;
+    try {
+      if (body.action === "cancel") {
+        const counted = await followed(await api("POST", "/bulk", { ...body, dry_run: true }));
+        if (counted.matched > HANDFUL &&
+            !confirm(`Cancel ${counted.matched} tasks, and the schedules carrying these tags?`)) {
+          said.textContent = "nothing cancelled";
+          return;
+        }
+      }
+      const done = await followed(await api("POST", "/bulk", body));
+      const schedules = done.action === "cancel" ? `, schedules deleted ${done.schedules_deleted}` : "";
+      said.textContent = `${done.action}: matched ${done.matched}, done ${done.done}, failed ${done.failed}${schedules}`;
+      showError(null);
+    } catch (error) {
+      showError(error);
+    } finally {
+      run.disabled = false;
+    }
+  }
+  return async function refresh() {};
+}
+
 // An action's request; its refusal is shown as the API told it, and the view refreshes.
 async function act(request) {
   try {
@@ -558,7 +610,7 @@ function schedule(root, id) {
 
 // -- the router and the live loop -------------------------------------------------------
 
-const VIEWS = { upcoming, recent, failed, schedules, task, schedule };
+const VIEWS = { upcoming, recent, failed, bulk, schedules, task, schedule };
 let current = null;
 
 function route() {
