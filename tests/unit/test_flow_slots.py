@@ -16,9 +16,9 @@ def test_the_spacing_leaves_a_second_room_for_a_late_send_and_jitter_within_the_
 
 
 def test_tasks_due_together_are_spaced_the_first_at_its_due_time():
-    planned, free_us = slots([1000, 1000, 1000, 1000], 0, rate=4)  # 267.5 ms apart
-    assert planned == [1000, 1268, 1535, 1803]
-    assert free_us == 2_070_000
+    planned, free_us = slots([1000, 1000, 1000, 1000], 0, rate=4)  # 260 ms apart
+    assert planned == [1000, 1260, 1520, 1780]
+    assert free_us == 2_040_000
 
 
 def test_a_task_due_after_the_free_slot_keeps_its_due_time():
@@ -29,13 +29,13 @@ def test_a_task_due_after_the_free_slot_keeps_its_due_time():
 def test_the_ledger_s_free_slot_holds_back_a_task_due_before_it():
     """Another invocation took the slots up to 1.5 s: this one's tasks follow them."""
     planned, free_us = slots([1000, 1000], 1_500_000, rate=2)
-    assert planned == [1500, 2035]
-    assert free_us == 2_570_000
+    assert planned == [1500, 2020]
+    assert free_us == 2_540_000
 
 
 def test_a_slot_between_milliseconds_is_rounded_up_never_down():
-    planned, _ = slots([0, 0, 0, 0], 0, rate=3)  # 356.667 ms apart
-    assert planned == [0, 357, 714, 1071]
+    planned, _ = slots([0, 0, 0, 0], 0, rate=3)  # 346.667 ms apart
+    assert planned == [0, 347, 694, 1041]
 
 
 @pytest.fixture
