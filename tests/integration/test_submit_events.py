@@ -1,17 +1,19 @@
 """Submitting through the submit queue and the EventBridge rule, with partial batch failures."""
 
 import json
+import time
 from pathlib import Path
 
 import boto3
 import pytest
 from botocore.exceptions import EndpointConnectionError
 
-from tests.conftest import hooked, stored, wait_for_status, webhook_task
+from tests.conftest import hooked, stored, table, wait_for_status, webhook_task
 from tests.integration.test_throttling import throttle
 from tocsin import aws, clock
 from tocsin.local.server import api_event
 from tocsin.local.stack import ACCOUNT_ID
+from tocsin.settings import settings
 
 EVENTS = Path(__file__).parents[2] / "events"
 DAY_MS = 86_400_000
@@ -26,6 +28,11 @@ def submission(task_id: str, **changes: object) -> dict:
         "payload": {"user": task_id},
         **changes,
     }
+
+
+def written(task_id: str) -> bool:
+    key = {"task_id": task_id}
+    return "Item" in table(settings().tasks_table).get_item(Key=key, ConsistentRead=True)
 
 
 def parked(runtime) -> list[dict]:
@@ -70,6 +77,10 @@ def test_messages_sent_to_the_queue_are_scheduled(runtime):
             MessageBody=json.dumps(submission(f"q-{i}", delay=60 * (i + 1))),
         )
     sqs.send_message(QueueUrl=runtime.outputs["SubmitQueueUrl"], MessageBody="not json")
+    deadline = time.monotonic() + 30  # a receive may hand over fewer than the queue holds
+    while not all(written(f"q-{i}") for i in range(3)) and time.monotonic() < deadline:
+        runtime.poll_queues()
+        time.sleep(0.05)
     while runtime.poll_queues():
         pass
     for i in range(3):

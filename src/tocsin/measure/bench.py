@@ -354,7 +354,16 @@ def flow(bench: Bench) -> dict[str, Any]:
     def observe(receiver: ReceiverProcess) -> dict[str, Any]:
         table = aws.resource("dynamodb").Table(settings().tasks_table)
         held = sorted(int(item["held_ms"]) for item in _scanned(table, "held_ms"))
+        # when each send was written, as its executor stamped it (`fired_at`): the rate is
+        # judged there. The receiver, on the same loaded machine, stamps what a CPU it
+        # waits for lets it read, and once counted 11 in a second at a rate of 10 (make
+        # test's seven groups at once); on AWS the network's jitter is the allowance.
+        written = [
+            clock.to_ms(datetime.fromisoformat(item["fired_at"]))
+            for item in _scanned(table, "fired_at")
+        ]
         return {
+            "max_per_second": most_within(sorted(written), 1000),
             "max_in_flight": receiver.most_in_flight(),
             "held_ms": {q: percentile(held, n) for q, n in (("p50", 50), ("p99", 99))}
             | {"max": max(held, default=0)},
@@ -371,10 +380,9 @@ def flow(bench: Bench) -> dict[str, Any]:
         drain_s=FLOW_DRAIN_ALLOWANCE * ideal_s,
     )
     ours = sorted(a.arrival_ms for a in arrivals if a.task_id.startswith("flow-"))
-    most = most_within(ours, 1000)
     figures.update(
-        max_per_second=most,
-        over_rate=max(0, most - limits["rate"]),
+        max_per_second_at_receiver=most_within(ours, 1000),
+        over_rate=max(0, figures["max_per_second"] - limits["rate"]),
         over_parallelism=max(0, figures["max_in_flight"] - limits["parallelism"]),
         drain_s=round((ours[-1] - ours[0]) / 1000 if ours else 0.0, 2),
         ideal_drain_s=round(ideal_s, 2),
@@ -825,7 +833,10 @@ def _print_flow(figures: dict[str, Any], console: Any) -> None:
     table.add_row(
         "most in flight at once", str(figures["max_in_flight"]), str(limits["parallelism"])
     )
-    table.add_row("most in any second", str(figures["max_per_second"]), str(limits["rate"]))
+    table.add_row("most written in any second", str(figures["max_per_second"]), str(limits["rate"]))
+    table.add_row(
+        "most the receiver stamped in any second", str(figures["max_per_second_at_receiver"]), ""
+    )
     table.add_row(
         "drain s (first to last arrival)", str(figures["drain_s"]), str(figures["ideal_drain_s"])
     )
