@@ -21,7 +21,6 @@ task's writes), and only when HostHoldFailures is not 0."""
 
 import hashlib
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -269,25 +268,3 @@ def read_holds(table_name: str, wanted: dict[str, tuple[str, str, str]]) -> dict
         i: HostHold(table, owner, host, task_type, found.get(i, {}))
         for i, (owner, host, task_type) in wanted.items()
     }
-
-
-def waiting(table: Any, hold: str, limit: int | None = None) -> Iterator[str]:
-    """The ids of the tasks waiting on `hold` (HeldIndex), `limit` at most."""
-    request: dict[str, Any] = {
-        "IndexName": HELD_INDEX,
-        "KeyConditionExpression": "held_on = :hold",
-        "ExpressionAttributeValues": {":hold": hold},
-    }
-    if limit is not None:
-        request["Limit"] = limit
-    given = 0
-    while True:
-        page = table.query(**request)
-        for entry in page.get("Items", []):
-            yield entry["task_id"]
-            given += 1
-            if limit is not None and given >= limit:
-                return
-        if "LastEvaluatedKey" not in page:
-            return
-        request["ExclusiveStartKey"] = page["LastEvaluatedKey"]

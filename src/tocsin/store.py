@@ -8,6 +8,7 @@ table could swap each other's names mid-build (a finder query once named the wro
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from boto3.dynamodb.types import TypeSerializer
@@ -17,7 +18,7 @@ from tocsin import aws, clock
 from tocsin.batch_read import BATCH_GET_MAX, batch_read
 from tocsin.bodies import CONTENT, BodyStore
 from tocsin.errors import Busy
-from tocsin.holds import HELD_INDEX, HOLDS_OWNER, waiting
+from tocsin.holds import HELD_INDEX, HOLDS_OWNER
 from tocsin.model import SUMMARY_ATTRIBUTES, TaskStatus
 from tocsin.settings import settings
 from tocsin.tags import has_tags
@@ -538,8 +539,10 @@ class TaskStore:
         )
 
     def waiting_on(self, hold: str, limit: int | None = None) -> Iterator[str]:
-        """The ids of the tasks waiting on a host's hold (`tocsin.holds`)."""
-        return waiting(self._table, hold, limit)
+        """The ids of the tasks waiting on a host's hold (`tocsin.holds`), `limit` at most."""
+        request = _held_on(hold) | ({} if limit is None else {"Limit": limit})
+        entries = islice(_every_page(self._table.query, **request), limit)
+        return (entry["task_id"] for entry in entries)
 
     def wake(self, task_id: str, hold: str, fields: dict[str, Any]) -> dict[str, Any] | None:
         """A task waiting on `hold` due again as `fields` say (its next attempt, its place in
@@ -574,20 +577,8 @@ class TaskStore:
 
     def _count_waiting(self, hold: str) -> int:
         """The tasks waiting on `hold`, counted on WAITING_COUNT_PAGES of HeldIndex at most."""
-        request: dict[str, Any] = {
-            "IndexName": HELD_INDEX,
-            "KeyConditionExpression": "held_on = :hold",
-            "ExpressionAttributeValues": {":hold": hold},
-            "Select": "COUNT",
-        }
-        count = 0
-        for _ in range(WAITING_COUNT_PAGES):
-            page = self._table.query(**request)
-            count += page["Count"]
-            if "LastEvaluatedKey" not in page:
-                break
-            request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
-        return count
+        pages = _pages(self._table.query, **_held_on(hold), Select="COUNT")
+        return sum(page["Count"] for page in islice(pages, WAITING_COUNT_PAGES))
 
     def redrive(
         self,
@@ -812,6 +803,15 @@ def _listed(
         and (status is None or item["status"] == status.value)
         and has_tags(item, tags)
     )
+
+
+def _held_on(hold: str) -> dict[str, Any]:
+    """A HeldIndex query for the tasks waiting on one hold."""
+    return {
+        "IndexName": HELD_INDEX,
+        "KeyConditionExpression": "held_on = :hold",
+        "ExpressionAttributeValues": {":hold": hold},
+    }
 
 
 def _pages(read: Any, **request: Any) -> Iterator[dict[str, Any]]:
