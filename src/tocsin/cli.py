@@ -692,8 +692,8 @@ def parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="measure precision and throughput locally")
     bench.add_argument(
         "--scenarios",
-        help="comma-separated: sparse, spread, dense, burst, recurring, flow, finder-scale, "
-        "throttled, cold-start (all); burst-1000, burst-5000, aws-burst, lambda",
+        help="comma-separated: sparse, spread, dense, burst, recurring, flow, retried, "
+        "finder-scale, throttled, cold-start (all); burst-1000, burst-5000, aws-burst, lambda",
     )
     bench.add_argument("--scale", type=float, default=1.0, help="fraction of the full sizes (1)")
     bench.add_argument("--seed", type=int, default=7, help="random seed (7)")

@@ -211,6 +211,28 @@ def test_flow_keeps_a_burst_within_its_rate_and_parallelism_at_the_receiver(caps
     assert 0 < flow["held_ms"]["p50"] <= flow["held_ms"]["max"]
 
 
+def test_retried_prices_an_attempt_more_within_the_invocation_and_through_the_index(capsys):
+    """Five tasks each way, the receiver refusing each task's first attempt but in the
+    answered run: every task delivered once, and the attempt more priced against the
+    answered run. Within the invocation it costs the pause's milliseconds only; through
+    the index, an execution and an invocation of its own and the writes that put it back."""
+    assert main(["bench", "--scenarios", "retried", "--scale", "0.05", "--json", "--cost"]) == 0
+    retried = last_json(capsys.readouterr().out)["retried"]
+    assert retried["early"] == retried["duplicates"] == retried["lost"] == 0
+    ways = retried["by_way"]
+    assert [(f["fired"], f["refused"]) for f in ways.values()] == [(5, 0), (5, 5), (5, 5)]
+    assert ways["through the index"]["executions"] == 2 * ways["answered"]["executions"]
+    within, indexed = (
+        retried["per_attempt"]["in the invocation"],
+        retried["per_attempt"]["through the index"],
+    )
+    assert within["lambda_invocations"] == within["state_transitions"] == 0
+    assert within["lambda_gb_seconds"] > 0  # the pause, billed
+    assert indexed["lambda_invocations"] == 1 and indexed["state_transitions"] >= 2
+    assert indexed["dynamodb_write_units"] >= 1  # RETRYING, back in the dispatch index
+    assert indexed["usd_per_million"] > 10 * within["usd_per_million"] > 0
+
+
 def test_bench_refuses_costs_it_cannot_meter(capsys):
     """Write units are metered by the moto tables only: --cost on DynamoDB Local is refused
     before anything runs."""

@@ -48,9 +48,10 @@ from tocsin.measure.demo import (
     summarize,
 )
 from tocsin.measure.lambda_bench import lambda_limits
-from tocsin.measure.receiver import ReceiverProcess, allowing
+from tocsin.measure.receiver import ReceiverProcess, allowing, delivered
 from tocsin.measure.scenario import Bench, write_items
 from tocsin.model import TaskType
+from tocsin.retry import SHORT_PAUSE_S
 from tocsin.settings import Settings, settings
 
 LOOKAHEAD_S = 20
@@ -73,25 +74,25 @@ def baseline_input(task: DueTask, config: Any) -> dict[str, Any]:
     return given | {"wake_at": clock.to_iso_second(task.due_ms), "tasks": plain_tasks}
 
 
-def _body(
-    task: PlannedTask, url: str, pad: int = 0, flow: dict[str, Any] | None = None
-) -> dict[str, Any]:
+def _body(task: PlannedTask, url: str, pad: int = 0, **fields: Any) -> dict[str, Any]:
+    """A webhook task's submission, with the other `fields` given (a flow, a retry)."""
     return {
         "id": task.task_id,
         "due_at": clock.to_iso(task.due_ms),
         "type": "webhook",
         "target": {"url": f"{url}/bench"},
         "payload": {"task": task.task_id, **({"pad": "x" * pad} if pad else {})},
-        **({"flow": flow} if flow else {}),
+        **fields,
     }
 
 
-def _submit_tocsin(runtime: EmbeddedRuntime, planned: list[PlannedTask], url: str) -> None:
+def _submit_tocsin(
+    runtime: EmbeddedRuntime, planned: list[PlannedTask], url: str, **fields: Any
+) -> None:
     """Through the API handler, as a caller would: due soon starts at once, later the finder."""
     for task in planned:
-        reply = runtime.invoke(
-            "ApiFunction", api_event("POST", "/tasks", json.dumps(_body(task, url)))
-        )
+        body = json.dumps(_body(task, url, **fields))
+        reply = runtime.invoke("ApiFunction", api_event("POST", "/tasks", body))
         if reply["statusCode"] != 201:
             raise RuntimeError(f"submit {task.task_id}: {reply['body']}")
 
@@ -101,7 +102,7 @@ def _store_for_finder(
     planned: list[PlannedTask],
     url: str,
     pad: int = 0,
-    flow: dict[str, Any] | None = None,
+    **fields: Any,
 ) -> None:
     """Written PENDING ahead of time, as submissions long before their due time leave them:
     the finder finds them within its look-ahead and packs each window's into one batch."""
@@ -109,7 +110,7 @@ def _store_for_finder(
 
     config, now = settings(), clock.now_ms()
     write_items(
-        placed_long_ago(new_item(_body(task, url, pad, flow), "bench", now, config))
+        placed_long_ago(new_item(_body(task, url, pad, **fields), "bench", now, config))
         for task in planned
     )
 
@@ -152,19 +153,22 @@ def timed_run(
     answer_after_ms: int = 0,
     observe: Callable[[ReceiverProcess], dict[str, Any]] | None = None,
     drain_s: float = 0,
+    refuse_first: int = 0,
+    parameters: dict[str, str] | None = None,
 ) -> tuple[dict[str, Any], list[int], list[Any]]:
-    """On a fresh runtime with a receiver (that answers `answer_after_ms` after each
-    request arrives): `plan` submits what is to fire (returning the tasks it expects and
-    the seconds it took); then the figures of what arrived (with what `observe` reads of
-    the receiver and the runtime's tables once all fired), the lateness values and the
-    arrivals. The tasks may take `drain_s` past the last one's due time (a flow's), and
-    GRACE_S more, to arrive."""
+    """On a fresh runtime (with the template `parameters` given) and a receiver (that
+    answers `answer_after_ms` after each request arrives, and 503 to each task's first
+    `refuse_first`): `plan` submits what is to fire (returning the tasks it expects and
+    the seconds it took); then the figures of what was delivered (with what `observe` reads
+    of the receiver and the runtime's tables once all fired), the lateness values and the
+    deliveries. The tasks may take `drain_s` past the last one's due time (a flow's, a
+    retry's), and GRACE_S more, to arrive."""
     started = time.monotonic()
+    given = {"LookAheadSeconds": str(LOOKAHEAD_S), **(parameters or {})}
     with (
-        ReceiverProcess(answer_after_ms=answer_after_ms) as receiver,
+        ReceiverProcess(answer_after_ms=answer_after_ms, refuse_first=refuse_first) as receiver,
         bench.runtime(
-            {"LookAheadSeconds": str(LOOKAHEAD_S), **allowing(receiver.url)},
-            finder_interval_s=FINDER_INTERVAL_S,
+            given | allowing(receiver.url), finder_interval_s=FINDER_INTERVAL_S
         ) as runtime,
     ):
         idle = idle_finder_run(runtime) if cost else None
@@ -186,7 +190,8 @@ def timed_run(
         dynamodb_cpu_s = after["dynamodb_cpu_s"] - before["dynamodb_cpu_s"]
         requests = after["dynamodb_requests"] - before["dynamodb_requests"]
         write_units = after["dynamodb_write_units"] - before["dynamodb_write_units"]
-        arrivals = receiver.received()
+        every = receiver.received()
+        arrivals = [a for a in every if delivered(a)]
         figures = summarize(planned, arrivals)
         executions = list(runtime.executions())
         steps = sum(transitions(e.execution_arn) for e in executions)
@@ -194,6 +199,7 @@ def timed_run(
             executions=len(executions),
             transitions_per_task=round(steps / len(planned), 3),
             submit_s=round(submit_s, 1),
+            refused=len(every) - len(arrivals),
             **(observe(receiver) if observe else {}),
         )
         if cost and idle:
@@ -389,6 +395,76 @@ def flow(bench: Bench) -> dict[str, Any]:
         flow=limits,
     )
     return {**figures, "samples": {"tocsin": lateness}}
+
+
+# How each run of `retried` retries the attempt its receiver refuses: not at all (nothing
+# refused), within the invocation (a pause of up to SHORT_PAUSE_S), or through the dispatch
+# index (RETRYING: a pause past it, and an execution of its own).
+RETRY_WAYS: dict[str, dict[str, Any] | None] = {
+    "answered": None,
+    "in the invocation": {"min_backoff_s": 0.5, "max_backoff_s": 1},
+    "through the index": {"min_backoff_s": 2 * SHORT_PAUSE_S, "max_backoff_s": 2 * SHORT_PAUSE_S},
+}
+
+
+def retried(bench: Bench) -> dict[str, Any]:
+    """Sparse's plan (100 tasks over 100 s, each in a second of its own, submitted through
+    the API) run once for each of RETRY_WAYS, side by side: answered at first, or refused
+    once (503) and retried within the invocation or through the dispatch index. What an
+    attempt costs is what a task refused once costs more than one answered at first. No
+    host is held back (HostHoldFailures 0): the hold, which a host refusing every first
+    attempt would meet, is priced apart (docs/reliability.md)."""
+    offsets = [i * 1000 + bench.rng.randrange(1000) for i in range(bench.size(100))]
+    runs = {}
+    for way, retry in RETRY_WAYS.items():
+        fields = {"retry": {"max_attempts": 3, **retry}} if retry else {}
+        figures, _, _ = timed_run(
+            bench,
+            f"retried, {way}",
+            functools.partial(_retried_plan, offsets, fields),
+            bench.cost,
+            drain_s=2.5 * SHORT_PAUSE_S if retry else 0,
+            refuse_first=1 if retry else 0,
+            parameters={"HostHoldFailures": "0"},
+        )
+        runs[way] = figures
+    return {
+        **{key: sum(f[key] for f in runs.values()) for key in ("early", "duplicates", "lost")},
+        "by_way": runs,
+        **({"per_attempt": per_attempt(runs)} if bench.cost else {}),
+    }
+
+
+def _retried_plan(
+    offsets: list[int], fields: dict[str, Any], runtime: EmbeddedRuntime, url: str
+) -> tuple[list[PlannedTask], float]:
+    start = clock.now_ms() + START_DELAY_MS + SUBMIT_ALLOWANCE_MS["tocsin"] * len(offsets)
+    start += 1000 - start % 1000
+    planned = [PlannedTask(f"retried-{i:05d}", start + o) for i, o in enumerate(offsets)]
+    submitting = time.monotonic()
+    _submit_tocsin(runtime, planned, url, **fields)
+    return planned, time.monotonic() - submitting
+
+
+def per_attempt(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each retried way's cost over the answered run's, per attempt refused: in billed units
+    a task, and in dollars a million."""
+    plain = runs["answered"]["cost"]
+    priced = {}
+    for way, figures in runs.items():
+        refused_per_task = figures["refused"] / max(1, figures["submitted"])
+        if way == "answered" or not refused_per_task:
+            continue
+        cost = figures["cost"]
+        more = {
+            unit: (cost["per_task"][unit] - plain["per_task"][unit]) / refused_per_task
+            for unit in cost["per_task"]
+        }
+        total = cost["usd_per_million_total"] - plain["usd_per_million_total"]
+        priced[way] = {unit: round(value, 3) for unit, value in more.items()} | {
+            "usd_per_million": round(total / refused_per_task, 2)
+        }
+    return priced
 
 
 def _scanned(table: Any, attribute: str) -> Iterator[dict[str, Any]]:
@@ -676,6 +752,7 @@ SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "burst": burst,
     "recurring": recurring,
     "flow": flow,
+    "retried": retried,
     "finder-scale": finder_scale,
     "throttled": throttled,
     "cold-start": cold_start,
@@ -734,6 +811,7 @@ MUST_BE_ZERO = {
     **{name: ("early", "duplicates", "lost") for name in TIMED},
     "recurring": ("early", "duplicates", "lost", "unexpected"),
     "flow": ("early", "duplicates", "lost", "over_rate", "over_parallelism"),
+    "retried": ("early", "duplicates", "lost"),
     "finder-scale": ("started_not_due", "due_not_started"),
     "throttled": ("not_started", "started_after_wake"),
     "aws-burst": ("not_started",),
@@ -802,6 +880,8 @@ def print_report(results: dict[str, Any], console: Any) -> None:
             )
     if "flow" in results:
         _print_flow(results["flow"], console)
+    if "retried" in results:
+        _print_retried(results["retried"], console)
     for name in ("finder-scale", "throttled", "aws-burst", "console"):
         if name in results:
             table = Table("measure", "value", title=name)
@@ -842,6 +922,25 @@ def _print_flow(figures: dict[str, Any], console: Any) -> None:
     )
     for q in ("p50", "p99", "max"):
         table.add_row(f"held ms {q}", str(figures["held_ms"][q]), "")
+    console.print(table)
+
+
+def _print_retried(figures: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    ways, priced = figures["by_way"], figures.get("per_attempt", {})
+    table = Table("measure", *ways, title="retried: one attempt refused (503), and retried")
+    table.add_row("tasks", *(str(f["submitted"]) for f in ways.values()))
+    table.add_row("fired", *(str(f["fired"]) for f in ways.values()))
+    table.add_row("attempts refused", *(str(f["refused"]) for f in ways.values()))
+    table.add_row("lateness p99 ms", *(str(f["lateness_ms"]["p99"]) for f in ways.values()))
+    table.add_row("executions", *(str(f["executions"]) for f in ways.values()))
+    if priced:
+        totals = (f"{f['cost']['usd_per_million_total']:.2f}" for f in ways.values())
+        table.add_row("$ per million tasks", *totals)
+        for unit in ("usd_per_million", *ways["answered"]["cost"]["per_task"]):
+            label = "$ per million attempts more" if unit == "usd_per_million" else f"  {unit}"
+            table.add_row(label, *(str(priced.get(way, {}).get(unit, "")) for way in ways))
     console.print(table)
 
 

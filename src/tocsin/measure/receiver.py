@@ -31,6 +31,11 @@ class Arrival:
 Reply = int | Literal["hang", "close"]
 
 
+def delivered(arrival: Arrival) -> bool:
+    """Answered 2xx: the attempt that ends a task's retries."""
+    return 200 <= arrival.status < 300
+
+
 def allowing(url: str) -> dict[str, str]:
     """Runtime parameters that let webhooks reach the receiver at `url` (its host and port)
     and no other internal address, as `WebhookAllowedHosts` does on AWS."""
@@ -39,6 +44,7 @@ def allowing(url: str) -> dict[str, str]:
 
 ARRIVALS_PATH = "/_arrivals"
 ANSWER_AFTER_MS = "TOCSIN_RECEIVER_ANSWER_AFTER_MS"  # how a ReceiverProcess is told
+REFUSE_FIRST = "TOCSIN_RECEIVER_REFUSE_FIRST"
 
 
 class WebhookReceiver:
@@ -47,8 +53,9 @@ class WebhookReceiver:
     The answer is the next of `script_for[path]` while it lasts (a status, "hang": say
     nothing for `hang_s`, or "close": drop the connection), then `status_for[path]`, or 200,
     given `answer_after_s` after the request arrived (a slow receiver), with the headers of
-    `headers_for[path]` (a Retry-After, say). It counts the
-    requests it holds at once, arrived and not yet answered (`most_in_flight`).
+    `headers_for[path]` (a Retry-After, say). With `refuse_first`, each task's first that
+    many requests are answered 503 whatever the path says (a bench's retried tasks). It
+    counts the requests it holds at once, arrived and not yet answered (`most_in_flight`).
     """
 
     def __init__(self, port: int = 0, hang_s: float = 15.0, tls: ssl.SSLContext | None = None):
@@ -59,6 +66,8 @@ class WebhookReceiver:
         self.hang_s = hang_s
         self.on_arrival: Callable[[Arrival], None] | None = None  # run before each answer
         self.answer_after_s = 0.0
+        self.refuse_first = 0
+        self._refused: dict[str, int] = {}  # by task id, while refuse_first lasts
         self.in_flight = self.most_in_flight = 0
         self._lock = threading.Lock()
         self._server = LocalServer(("127.0.0.1", port), self._handler_class())
@@ -90,8 +99,12 @@ class WebhookReceiver:
             time.sleep(0.02)
         return len(self.arrivals) >= count
 
-    def _reply_to(self, path: str) -> Reply:
+    def _reply_to(self, path: str, task_id: str) -> Reply:
         with self._lock:
+            refused = self._refused.get(task_id, 0)
+            if refused < self.refuse_first:
+                self._refused[task_id] = refused + 1
+                return 503
             script = self.script_for.get(path)
             if script:
                 return script.pop(0)
@@ -130,7 +143,7 @@ class WebhookReceiver:
                 """Read and record the request, and wait as told: the reply to give."""
                 arrived = self.arrived_ns // 1_000_000  # its first bytes, by the kernel
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                reply = receiver._reply_to(self.path)
+                reply = receiver._reply_to(self.path, self.headers.get("Tocsin-Task-Id", ""))
                 arrival = Arrival(
                     arrival_ms=arrived,
                     path=self.path,
@@ -150,14 +163,14 @@ class WebhookReceiver:
 
             def do_GET(self) -> None:
                 """`/_arrivals`: what arrived so far, as JSON; `/_arrivals/tasks`: how many
-                tasks arrived at least once (for ReceiverProcess)."""
+                tasks arrived and were answered 2xx (for ReceiverProcess)."""
                 arrivals = receiver.received()
                 if self.path == ARRIVALS_PATH:
                     listed: Any = [
                         {**asdict(a), "body": a.body.decode("latin-1")} for a in arrivals
                     ]
                 elif self.path == f"{ARRIVALS_PATH}/tasks":
-                    listed = len({a.task_id for a in arrivals})
+                    listed = len({a.task_id for a in arrivals if delivered(a)})
                 elif self.path == f"{ARRIVALS_PATH}/most_in_flight":
                     listed = receiver.most_in_flight
                 else:
@@ -176,18 +189,18 @@ class WebhookReceiver:
 
 
 class ReceiverProcess:
-    """A WebhookReceiver in a process of its own, answering 200 to every POST,
-    `answer_after_ms` after it arrived; over HTTPS with `tls` (the certificate of
-    `tocsin.local.tls.authority()`).
+    """A WebhookReceiver in a process of its own, answering 200 to every POST (but each
+    task's first `refuse_first`), `answer_after_ms` after it arrived; over HTTPS with `tls`
+    (the certificate of `tocsin.local.tls.authority()`).
 
     On AWS the receiver is another machine; here, in the scheduler's process, it would
     share its interpreter lock, and a busy scheduler would delay the stopwatch as well.
     """
 
-    def __init__(self, tls: bool = False, answer_after_ms: int = 0):
+    def __init__(self, tls: bool = False, answer_after_ms: int = 0, refuse_first: int = 0):
         self._context: ssl.SSLContext | None = None
         self._files: list[str] = []
-        self._answer_after_ms = answer_after_ms
+        self._told = {ANSWER_AFTER_MS: str(answer_after_ms), REFUSE_FIRST: str(refuse_first)}
         if tls:
             from tocsin.local.tls import authority
 
@@ -197,7 +210,7 @@ class ReceiverProcess:
 
     def __enter__(self) -> "ReceiverProcess":
         command = [sys.executable, "-m", "tocsin.measure.receiver", *self._files]
-        environment = {**os.environ, ANSWER_AFTER_MS: str(self._answer_after_ms)}
+        environment = {**os.environ, **self._told}
         self._process = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=environment
         )
@@ -215,7 +228,7 @@ class ReceiverProcess:
         return [Arrival(**{**a, "body": a["body"].encode("latin-1")}) for a in listed]
 
     def tasks_arrived(self) -> int:
-        """How many tasks arrived at least once: cheap enough to poll for progress."""
+        """How many tasks were delivered (answered 2xx): cheap enough to poll for progress."""
         return int(self._get(f"{ARRIVALS_PATH}/tasks"))
 
     def most_in_flight(self) -> int:
@@ -232,5 +245,6 @@ if __name__ == "__main__":  # arguments: a certificate chain and its key, for HT
 
     with WebhookReceiver(tls=server_context(*sys.argv[1:3]) if sys.argv[1:] else None) as serving:
         serving.answer_after_s = int(os.environ.get(ANSWER_AFTER_MS, "0")) / 1000
+        serving.refuse_first = int(os.environ.get(REFUSE_FIRST, "0"))
         print(serving.url, flush=True)
         sys.stdin.read()
