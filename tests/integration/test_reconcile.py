@@ -3,6 +3,7 @@ without settling them are requeued at their version (what was sent is not sent a
 failed to the DLQ after a few tries."""
 
 import json
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +16,7 @@ from tests.conftest import (
     ENDED,
     TEST_ATTEMPT,
     batch_event,
+    call_api,
     claim_as,
     dead_letters,
     hooked,
@@ -25,7 +27,7 @@ from tests.conftest import (
     wait_for_status,
     webhook_task,
 )
-from tocsin import aws, clock
+from tocsin import aws, clock, dispatch
 from tocsin.dispatch import execution_arn
 from tocsin.finder import HORIZON
 from tocsin.index_keys import LETTER_GRACE_MS, LOOK_AFTER_MS, check_keys
@@ -314,6 +316,39 @@ def test_a_task_placed_past_its_due_time_whose_writer_died_is_started_late(runti
     assert [(t, str(o)) for t, o in report.tasks] == [("placed-late", "started_late")]
     wait_for_status("placed-late", {"SUCCEEDED"})
     assert [a.task_id for a in receiver.received()] == ["placed-late"]
+
+
+def test_a_retry_whose_execution_was_never_started_is_started_by_the_reconciler(runtime, receiver):
+    """The executor gives a task back RETRYING and starts its next attempt's execution
+    itself; a refused StartExecution leaves the task in a check shard, not lost: the
+    reconciler's next look starts it, it is sent at its next attempt (never before) and
+    only then, with the key of the first."""
+    receiver.script_for["/down"] = [503]  # then 200
+    body = webhook_task(f"{receiver.url}/down", clock.now_ms() + 2000, "unstarted")
+    body["retry"] = {"min_backoff_s": 6, "max_backoff_s": 6}  # past the invocation's pauses
+    assert call_api(runtime, "POST", "/tasks", body)[0] == 201  # its first execution starts
+    refused: list[int] = []
+
+    def refuse(**_: object) -> None:
+        refused.append(clock.now_ms())
+        error = {"Error": {"Code": "ExecutionLimitExceeded", "Message": "too many"}}
+        raise ClientError(error, "StartExecution")
+
+    with hooked(dispatch._sfn(), ("before-call.sfn.StartExecution", refuse)):
+        wait_for_status("unstarted", {"RETRYING"})
+        deadline = time.monotonic() + 10
+        while not stored("unstarted")["gsi_pk"].startswith("check-"):
+            assert time.monotonic() < deadline, "the refused start left no look"
+            time.sleep(0.1)
+    assert refused and stored("unstarted")["status"] == "RETRYING"
+    assert len(receiver.received()) == 1  # the first attempt only: no execution tries it
+
+    report = reconcile(settings(), clock.now_ms())
+    assert [(t, str(o)) for t, o in report.tasks] == [("unstarted", "started_late")]
+    done = wait_for_status("unstarted", {"SUCCEEDED"}, timeout_s=30)
+    first, second = receiver.received()
+    assert second.arrival_ms >= first.arrival_ms + 6000  # at its next attempt, not before
+    assert first.idempotency_key == second.idempotency_key and int(done["attempts"]) == 2
 
 
 def test_a_finder_whose_horizon_is_past_its_look_ahead_reads_nothing(runtime, receiver):
