@@ -205,6 +205,7 @@ def test_what_moto_cannot_create_is_in_the_translated_template(deployed):
         "FinderErrorsAlarm",
         "ExecutionsFailedAlarm",
         "StuckTasksAlarm",
+        "HostHeldAlarm",
         "LatenessAlarm",
     }
     for alarm in alarms.values():

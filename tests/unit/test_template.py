@@ -4,6 +4,7 @@ import copy
 import json
 import re
 import subprocess
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +12,12 @@ import pytest
 from samtranslator.yaml_helper import yaml_parse
 
 from tocsin import aws
-from tocsin.dispatch import EXECUTORS, MAX_STAGGER_S
+from tocsin.dispatch import EXECUTORS, MAX_STAGGER_S, DispatchReport
 from tocsin.fire.executor import FINISH_MARGIN_MS
 from tocsin.local.stack import expand_language_extensions
 from tocsin.measure.cost import AWS_LEAD_MS
 from tocsin.model import TaskType
+from tocsin.reconcile import ReconcileReport
 from tocsin.targets import TARGETS
 
 ROOT = Path(__file__).parents[2]
@@ -50,6 +52,42 @@ def test_every_placeholder_has_a_substitution():
     ]
     assert placeholders == set(substitutions)
     assert "arn:aws:" not in text  # the stack's partition, substituted
+
+
+def emitted_metrics() -> set[str]:
+    """Every metric Tocsin's code puts in its namespace: the names its handlers and domain
+    add, and the finder's report, whose every count is a metric (functions/finder)."""
+    source = "".join(path.read_text() for path in (ROOT / "src" / "tocsin").rglob("*.py"))
+    named = set(re.findall(r'add_metric\(name="(\w+)"', source))
+    finder = DispatchReport(0, Counter()).as_dict() | ReconcileReport().as_dict()
+    return named | set(finder)
+
+
+def test_the_dashboard_and_alarms_read_metrics_the_code_emits():
+    """A metric misspelt on the dashboard or in an alarm is a flat line, or an alarm that
+    never fires; each of Tocsin's that they name is one the code emits."""
+    body = TEMPLATE["Resources"]["Dashboard"]["Properties"]["DashboardBody"]["Fn::Sub"]
+    on_dashboard = set()
+    for widget in json.loads(body)["widgets"]:
+        before: list[str] = []
+        for metric in widget["properties"]["metrics"]:
+            names = [part for part in metric if isinstance(part, str)]
+            if names[0] == "...":  # the metric before, with another statistic or dimension
+                continue
+            # "." is the part before's, in the same place
+            before = [b if n == "." else n for n, b in zip(names, before + names, strict=False)]
+            if before[0] == "Tocsin":
+                on_dashboard.add(before[1])
+    alarmed = {
+        resource["Properties"]["MetricName"]
+        for resource in TEMPLATE["Resources"].values()
+        if isinstance(resource, dict)  # not a Fn::ForEach
+        and resource["Type"] == "AWS::CloudWatch::Alarm"
+        and resource["Properties"].get("Namespace") == "Tocsin"
+    }
+    assert {"Retrying", "HostHeld", "WaitingOnHost", "HostReleased"} <= on_dashboard
+    assert {"HostHeld", "LatenessMs", "stuck"} <= alarmed
+    assert on_dashboard | alarmed <= emitted_metrics()
 
 
 def test_the_success_path_is_two_states_and_ends_at_fire():
