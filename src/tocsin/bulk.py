@@ -3,9 +3,10 @@ for a cancel, delete every schedule carrying its tags), as a job that goes on af
 request: a filter may match 100,000 tasks, and the API has 29 s.
 
 `POST /bulk` writes the job (`~bulk:<id>` on the Tasks table) and queues it (BulkQueue);
-the bulk function works it a page at a time (the owner's index, as `GET /tasks` reads
-it), each page's counts and the place it reached written in one conditional write, so a
-message delivered twice counts nothing twice; short of time, it queues the job again. A
+the bulk function works it a page at a time (a cancel by tags: the owner's schedules
+first, then the owner's tasks, as `GET /tasks` reads them), each page's counts and the
+place it reached written in one conditional write, so a message delivered twice counts
+nothing twice; short of time, it queues the job again. A
 client token makes the request idempotent: the same token and body answer the same job.
 
 A bulk retry's tasks go through a flow of the job's own at HostRecoveryRate
@@ -16,6 +17,7 @@ import json
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -24,7 +26,7 @@ from tocsin import aws, clock
 from tocsin.errors import Conflict, InvalidTask, NotFound, TaskError
 from tocsin.lifecycle import cancel_task, retry_task
 from tocsin.model import TaskStatus
-from tocsin.schedule_store import ScheduleStore
+from tocsin.schedule_store import SCHEDULE_PAGE_KEY, ScheduleStore
 from tocsin.schedules import delete_schedule
 from tocsin.settings import Settings
 from tocsin.store import TaskStore
@@ -34,6 +36,11 @@ from tocsin.tags import Tags, has_tags
 BULK_PREFIX = "~bulk:"
 ACTS_ON = {"cancel": {TaskStatus.PENDING, TaskStatus.RETRYING}, "retry": {TaskStatus.FAILED}}
 PAGE = 100  # tasks a step reads and acts on, its counts written once
+SCHEDULES_PAGE = 25  # schedules a step reads (each delete cancels its occurrences)
+# A cancel by tags first deletes the schedules carrying them, so that none makes another
+# occurrence while the tasks are cancelled; each phase keeps its place in its attribute.
+SCHEDULES, TASKS = "schedules", "tasks"
+SCHEDULE_PLACE, TASK_PLACE = "schedule_key", "page_key"
 ACTION_WORKERS = 16
 JOB_DAYS = 7  # a finished job's record is kept this long
 STEP_MARGIN_MS = 20_000  # kept back from the bulk function's time: one step and its write
@@ -78,6 +85,10 @@ class BulkRequest(BaseModel):
         return set(self.filter.status or ACTS_ON[self.action])
 
 
+def _deletes_schedules(request: BulkRequest) -> bool:
+    return request.action == "cancel" and bool(request.filter.tags) and not request.dry_run
+
+
 def bulk_key(bulk_id: str) -> dict[str, str]:
     return {"task_id": f"{BULK_PREFIX}{bulk_id}"}
 
@@ -100,6 +111,7 @@ def start_bulk(
         "bulk_owner": owner,
         "request": asked,
         "state": "RUNNING",
+        "phase": SCHEDULES if _deletes_schedules(request) else TASKS,
         "matched": 0,
         "done": 0,
         "failed": 0,
@@ -151,40 +163,88 @@ def bulk_view(item: dict[str, Any]) -> dict[str, Any]:
 
 # the job's request, a task's id and owner: act on the task, or raise TaskError
 Act = Callable[["BulkRequest", str, str], None]
+# a schedule's id and owner: delete it (and cancel its occurrences), or raise TaskError
+Delete = Callable[[str, str], None]
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one step did, and where the next goes on: `place` is the job's attribute that
+    keeps it (SCHEDULE_PLACE, then TASK_PLACE); `last` ends the step's phase."""
+
+    place: str
+    reached: dict[str, Any] | None
+    last: bool
+    matched: int = 0
+    done: int = 0
+    deleted: int = 0
 
 
 def work(
-    bulk_id: str, config: Settings, remaining_ms: Callable[[], int], act: Act,
-    delete_schedules: Callable[[str, dict[str, str]], int],
-) -> bool:  # fmt: skip
+    bulk_id: str, config: Settings, remaining_ms: Callable[[], int], act: Act, delete: Delete
+) -> bool:
     """Work the job a step at a time while the time lasts: whether it is done (else it is
     to be queued again). A step another worker wrote first ends this one's work."""
     table = aws.resource("dynamodb").Table(config.tasks_table)
-    store = TaskStore(config.tasks_table)
     while remaining_ms() > STEP_MARGIN_MS:
         job = table.get_item(Key=bulk_key(bulk_id), ConsistentRead=True).get("Item")
         if job is None or job["state"] != "RUNNING":
             return True
         request = BulkRequest.model_validate_json(job["request"])
-        cursor = json.loads(job["page_key"]) if "page_key" in job else None
-        wanted, found = request.filter, request.statuses()
-        items, last = store.owned(
-            job["bulk_owner"],
-            clock.to_ms(wanted.due_after) if wanted.due_after else None,
-            clock.to_ms(wanted.due_before) if wanted.due_before else None,
-            None,
-            PAGE,
-            cursor,
-            tags=wanted.tags,
-        )
-        matched = [item["task_id"] for item in items if item["status"] in found]
-        done = 0 if request.dry_run else _acted(request, matched, job["bulk_owner"], act)
-        deleted = 0
-        if last is None and request.action == "cancel" and wanted.tags and not request.dry_run:
-            deleted = delete_schedules(job["bulk_owner"], wanted.tags)
-        if not _step_written(table, job, len(matched), done, deleted, last):
+        if job.get("phase") == SCHEDULES:
+            step = _schedules_step(job, request, config, remaining_ms, delete)
+        else:
+            step = _tasks_step(job, request, config, act)
+        if not _step_written(table, job, step):
             return True
     return False
+
+
+def _tasks_step(job: dict[str, Any], request: "BulkRequest", config: Settings, act: Act) -> Step:
+    """A page of the owner's tasks the filter matches, acted on."""
+    wanted, found = request.filter, request.statuses()
+    cursor = json.loads(job[TASK_PLACE]) if TASK_PLACE in job else None
+    items, last = TaskStore(config.tasks_table).owned(
+        job["bulk_owner"],
+        clock.to_ms(wanted.due_after) if wanted.due_after else None,
+        clock.to_ms(wanted.due_before) if wanted.due_before else None,
+        None,
+        PAGE,
+        cursor,
+        tags=wanted.tags,
+    )
+    matched = [item["task_id"] for item in items if item["status"] in found]
+    done = 0 if request.dry_run else _acted(request, matched, job["bulk_owner"], act)
+    reached = {k: int(v) if k == "due_ms" else v for k, v in last.items()} if last else None
+    return Step(TASK_PLACE, reached, last is None, len(matched), done)
+
+
+def _schedules_step(
+    job: dict[str, Any],
+    request: "BulkRequest",
+    config: Settings,
+    remaining_ms: Callable[[], int],
+    delete: Delete,
+) -> Step:
+    """A page of the owner's schedules, those carrying the cancel's tags deleted one at a
+    time while the time lasts: each delete cancels its schedule's occurrences, which may
+    take a while (LEFTOVERS_BUDGET_S), so a step may end within its page, after the last
+    schedule it handled."""
+    store, owner = ScheduleStore(config.schedules_table, config.tasks_table), job["bulk_owner"]
+    cursor = json.loads(job[SCHEDULE_PLACE]) if SCHEDULE_PLACE in job else None
+    entries, last = store.owned(owner, SCHEDULES_PAGE, cursor)
+    deleted, reached = 0, cursor
+    for item in store.whole(entries):
+        if remaining_ms() <= STEP_MARGIN_MS:
+            return Step(SCHEDULE_PLACE, reached, False, deleted=deleted)
+        if has_tags(item, request.filter.tags or {}):
+            try:
+                delete(item["schedule_id"], owner)
+                deleted += 1
+            except TaskError:  # deleted meanwhile
+                pass
+        reached = {name: item[name] for name in SCHEDULE_PAGE_KEY}
+    return Step(SCHEDULE_PLACE, last, last is None, deleted=deleted)
 
 
 def _acted(request: BulkRequest, task_ids: list[str], owner: str, act: Act) -> int:
@@ -203,37 +263,46 @@ def _acted(request: BulkRequest, task_ids: list[str], owner: str, act: Act) -> i
         return sum(pool.map(one, task_ids))
 
 
-def _step_written(
-    table: Any, job: dict[str, Any], matched: int, done: int, deleted: int, last: Any
-) -> bool:
+def _step_written(table: Any, job: dict[str, Any], step: Step) -> bool:
     """One step's counts and the place it reached, written if no other worker moved the
-    job on meanwhile (its place as read); whether they were."""
+    job on meanwhile (its phase and place as read); whether they were. The schedules'
+    last step begins the tasks' phase, the tasks' last ends the job."""
     values: dict[str, Any] = {
-        ":m": matched,
-        ":d": done,
-        ":f": matched - done,
-        ":s": deleted,
+        ":m": step.matched,
+        ":d": step.done,
+        ":f": step.matched - step.done,
+        ":s": step.deleted,
         ":now": clock.to_iso(clock.now_ms()),
+        ":running": "RUNNING",
     }
-    update = "SET updated_at = :now ADD matched :m, done :d, failed :f, schedules_deleted :s"
-    if last is None:
-        update = update.replace("SET ", "SET #state = :done, ") + " REMOVE page_key"
+    names = {"#state": "state", "#phase": "phase", "#place": step.place}
+    sets = ["updated_at = :now"]
+    if not step.last:
+        sets.append("#place = :next")
+        values[":next"] = json.dumps(step.reached)
+    elif step.place == SCHEDULE_PLACE:
+        sets.append("#phase = :tasks")
+        values[":tasks"] = TASKS
+    else:
+        sets.append("#state = :done")
         values[":done"] = "DONE"
-    else:
-        update = update.replace("SET ", "SET page_key = :next, ")
-        values[":next"] = json.dumps({k: int(v) if k == "due_ms" else v for k, v in last.items()})
-    if "page_key" in job:
-        condition, values[":at"] = "page_key = :at", job["page_key"]
-    else:
-        condition = "attribute_not_exists(page_key)"
-    values[":running"] = "RUNNING"
+    update = f"SET {', '.join(sets)} ADD matched :m, done :d, failed :f, schedules_deleted :s"
+    if step.last:
+        update += " REMOVE #place"
+    condition = ["#state = :running"]
+    for name, attribute in (("#phase", "phase"), ("#place", step.place)):
+        if attribute in job:
+            condition.append(f"{name} = :was_{attribute}")
+            values[f":was_{attribute}"] = job[attribute]
+        else:
+            condition.append(f"attribute_not_exists({name})")
     refused = table.meta.client.exceptions.ConditionalCheckFailedException
     try:
         table.update_item(
             Key={"task_id": job["task_id"]},
             UpdateExpression=update,
-            ConditionExpression=condition + " AND #state = :running",
-            ExpressionAttributeNames={"#state": "state"},
+            ConditionExpression=" AND ".join(condition),
+            ExpressionAttributeNames=names,
             ExpressionAttributeValues=values,
         )
     except refused:
@@ -257,27 +326,8 @@ def run_job(bulk_id: str, config: Settings, remaining_ms: Callable[[], int]) -> 
         else:  # through a flow of the job's own: at the recovery rate
             retry_task(task_id, owner, config, recovering=f"{BULK_PREFIX}{bulk_id}")
 
-    def delete_schedules(owner: str, tags: dict[str, str]) -> int:
-        deleted = 0
-        for schedule_id in tagged_schedules(owner, tags, config):
-            try:
-                delete_schedule(schedule_id, owner, config)
-                deleted += 1
-            except TaskError:  # deleted meanwhile
-                continue
-        return deleted
+    def delete(schedule_id: str, owner: str) -> None:
+        delete_schedule(schedule_id, owner, config)
 
-    if not work(bulk_id, config, remaining_ms, act, delete_schedules):
+    if not work(bulk_id, config, remaining_ms, act, delete):
         queue_job(bulk_id, config)
-
-
-def tagged_schedules(owner: str, tags: dict[str, str], config: Settings) -> list[str]:
-    """The ids of the owner's schedules carrying every one of `tags`."""
-    store = ScheduleStore(config.schedules_table, config.tasks_table)
-    found: list[str] = []
-    start = None
-    while True:
-        items, start = store.owned(owner, PAGE, start)
-        found += [item["schedule_id"] for item in store.whole(items) if has_tags(item, tags)]
-        if start is None:
-            return found

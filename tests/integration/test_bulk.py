@@ -7,6 +7,8 @@ import time
 from tests.conftest import call_api, runtime_with, stored, wait_for_status, webhook_task
 from tests.integration.test_schedules import every_two_seconds, occurrences
 from tocsin import clock
+from tocsin.bulk import run_job
+from tocsin.settings import settings
 
 
 def finished(runtime, bulk_id: str, principal: str = "alice", timeout_s: float = 30) -> dict:
@@ -56,7 +58,9 @@ def test_a_bulk_cancel_of_a_users_tasks_and_schedules_leaves_none_to_fire(runtim
     assert again_status == 200 and again["bulk_id"] == job["bulk_id"]
     assert call_api(runtime, "GET", f"/bulk/{job['bulk_id']}", None, "bob")[0] == 404
     done = finished(runtime, job["bulk_id"])
-    assert done["done"] == done["matched"] == 4 + len(made) and done["failed"] == 0
+    # the schedule is deleted first, which cancels its occurrences: the tasks' pages meet
+    # them cancelled already
+    assert done["done"] == done["matched"] == 4 and done["failed"] == 0
     assert done["schedules_deleted"] == 1
     assert call_api(runtime, "GET", "/schedules/reminders")[0] == 404
     for task_id in ["mine-0", "mine-1", "mine-2", "waiting", *made]:
@@ -107,3 +111,34 @@ def test_a_bulk_retry_sends_failed_tasks_again_through_the_recovery_rate(receive
     again = sorted(a.arrival_ms for a in receiver.received() if a.status == 200)
     assert len(again) == count
     assert again[-1] - again[0] >= (count - 1) * 1000 / rate * 0.9  # spaced at the rate
+
+
+def test_a_bulk_cancel_out_of_time_among_schedules_goes_on_from_the_last_it_deleted(
+    runtime, receiver
+):
+    """Each schedule deleted cancels its occurrences, which takes a while: a job that runs
+    short of the bulk function's time within a page of schedules writes where it reached,
+    and the next run deletes the rest, each counted once."""
+    due = clock.now_ms() + 30_000
+    for schedule_id in ("a", "b", "c", "untagged"):
+        tags = {} if schedule_id == "untagged" else {"tags": {"user": "42"}}
+        body = every_two_seconds(receiver.url, due, schedule_id, **tags)
+        assert call_api(runtime, "POST", "/schedules", body)[0] == 201
+    status, job = call_api(
+        runtime, "POST", "/bulk", {"action": "cancel", "filter": {"tags": {"user": "42"}}}
+    )
+    assert status == 202
+    # Lambda's clock, as the function's context reads it: the job's first look and the first
+    # schedule find time enough, the second does not
+    left = iter([60_000, 60_000, 0, 0])
+    run_job(job["bulk_id"], settings(), lambda: next(left))
+    _, partway = call_api(runtime, "GET", f"/bulk/{job['bulk_id']}")
+    assert (partway["state"], partway["schedules_deleted"]) == ("RUNNING", 1)
+    assert call_api(runtime, "GET", "/schedules/a")[0] == 404
+    assert call_api(runtime, "GET", "/schedules/b")[0] == 200
+
+    done = finished(runtime, job["bulk_id"])  # queued again: the next run goes on
+    assert done["schedules_deleted"] == 3
+    for schedule_id in ("b", "c"):
+        assert call_api(runtime, "GET", f"/schedules/{schedule_id}")[0] == 404
+    assert call_api(runtime, "GET", "/schedules/untagged")[0] == 200
