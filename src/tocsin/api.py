@@ -60,6 +60,7 @@ from tocsin.settings import settings
 from tocsin.store import BUSY
 from tocsin.submit import Submission, submit_task
 from tocsin.tags import MAX_TAGS, TAG_PATTERN
+from tocsin.targets import TARGETS
 
 app = APIGatewayHttpResolver(enable_validation=True)
 # The path's task id, named `id` as in the template's routes (and in refusals).
@@ -418,6 +419,38 @@ TAG_PARAMETER = {
 }
 
 
+# The schemas whose `target` is the one of their `type` (a PATCH of a schedule may change
+# its target alone, so ScheduleChange's stays an object: its type is the schedule's).
+TYPED_TARGETS = ("Submission", "ScheduleSpec", "Callback", "TaskView", "ScheduleView")
+
+
+def _type_targets(schemas: dict[str, Any]) -> None:
+    """Each of TYPED_TARGETS chooses its target's schema by its `type`: one of a schema
+    per type (`WebhookTask`: `type` "webhook" and a WebhookTarget), with a discriminator,
+    so that generated clients and Swagger UI show each type's fields. Powertools knows
+    the target only as an object: the models validate it by type (tocsin.targets)."""
+    choices = {}
+    for task_type, model in TARGETS.items():
+        target = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(target.pop("$defs", {}))
+        schemas[model.__name__] = target
+        name = f"{model.__name__.removesuffix('Target')}Task"
+        schemas[name] = {
+            "type": "object",
+            "description": f"A {task_type.value} task's type and target.",
+            "properties": {
+                "type": {"const": task_type.value},
+                "target": {"$ref": f"#/components/schemas/{model.__name__}"},
+            },
+            "required": ["type", "target"],
+        }
+        choices[task_type.value] = f"#/components/schemas/{name}"
+    for name in TYPED_TARGETS:
+        schemas[name]["oneOf"] = [{"$ref": ref} for ref in choices.values()]
+        schemas[name]["discriminator"] = {"propertyName": "type", "mapping": choices}
+        schemas[name]["properties"]["target"]["description"] = "the one of its type"
+
+
 def openapi_document() -> dict[str, Any]:
     """The API's OpenAPI document, as docs/openapi.json keeps it. Powertools lists a 422
     for its validation errors on every route; this API answers those with a 400 (above),
@@ -434,6 +467,7 @@ def openapi_document() -> dict[str, Any]:
             operation["responses"].pop("422", None)
     document["paths"]["/tasks"]["get"]["parameters"].append(TAG_PARAMETER)
     schemas = document["components"]["schemas"]
+    _type_targets(schemas)
     while unused := [n for n in schemas if f'/schemas/{n}"' not in json.dumps(document)]:
         for name in unused:
             del schemas[name]

@@ -11,12 +11,16 @@ import requests
 import schemathesis
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
+from jsonschema import Draft202012Validator
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
 from schemathesis import Case
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from tocsin.api import openapi_document
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.local.server import PRINCIPAL_HEADER, serving
+from tocsin.targets import TARGETS
 
 pytestmark = [
     pytest.mark.slow,  # schemathesis sends up to 100 requests an operation
@@ -39,6 +43,30 @@ def test_the_document_is_current():
     assert json.loads(DOCUMENT.read_text()) == openapi_document(), (
         "the API changed: tocsin openapi > docs/openapi.json"
     )
+
+
+def test_each_task_type_has_its_target_in_the_document():
+    """Generated clients and Swagger UI read a task's target from the schema its `type`
+    chooses: a target of the type's fields is valid, another type's is not, under a JSON
+    Schema validator that is not the API's own (pydantic's)."""
+    document = openapi_document()
+    registry = Registry().with_resource("doc", Resource.from_contents(document, DRAFT202012))
+    validator = Draft202012Validator(
+        {"$ref": "doc#/components/schemas/Submission"}, registry=registry
+    )
+    due = {"due_at": "2030-01-01T00:00:00Z"}
+    queue = "https://sqs.us-east-1.amazonaws.com/123456789012/q"
+    assert validator.is_valid(due | {"type": "webhook", "target": {"url": "https://a.example"}})
+    assert validator.is_valid(due | {"type": "sqs", "target": {"queue_url": queue}})
+    assert not validator.is_valid(due | {"type": "webhook", "target": {"queue_url": queue}})
+    assert not validator.is_valid(due | {"type": "sqs", "target": {"url": "https://a.example"}})
+    schemas = document["components"]["schemas"]
+    chosen = schemas["Submission"]["discriminator"]["mapping"]
+    assert set(chosen) == {t.value for t in TARGETS}
+    for task_type, model in TARGETS.items():
+        [task] = [ref.rsplit("/", 1)[1] for t, ref in chosen.items() if t == task_type.value]
+        target = schemas[task]["properties"]["target"]["$ref"].rsplit("/", 1)[1]
+        assert set(schemas[target]["properties"]) == set(model.model_fields), task_type
 
 
 def test_serve_serves_the_document_and_swagger_ui(api_url):
