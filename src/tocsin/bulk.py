@@ -200,7 +200,7 @@ def work(
     return False
 
 
-def _tasks_step(job: dict[str, Any], request: "BulkRequest", config: Settings, act: Act) -> Step:
+def _tasks_step(job: dict[str, Any], request: BulkRequest, config: Settings, act: Act) -> Step:
     """A page of the owner's tasks the filter matches, acted on."""
     wanted, found = request.filter, request.statuses()
     cursor = json.loads(job[TASK_PLACE]) if TASK_PLACE in job else None
@@ -221,7 +221,7 @@ def _tasks_step(job: dict[str, Any], request: "BulkRequest", config: Settings, a
 
 def _schedules_step(
     job: dict[str, Any],
-    request: "BulkRequest",
+    request: BulkRequest,
     config: Settings,
     remaining_ms: Callable[[], int],
     delete: Delete,

@@ -222,16 +222,21 @@ def timed_run(
     return figures, lateness, arrivals
 
 
+def _planned(prefix: str, offsets: list[int], variant: str) -> list[PlannedTask]:
+    """Tasks due at `offsets` from the first whole second after the variant could submit
+    them all (its allowance a task): offsets in distinct seconds stay apart."""
+    start = clock.now_ms() + START_DELAY_MS + SUBMIT_ALLOWANCE_MS[variant] * len(offsets)
+    start += 1000 - start % 1000
+    return [PlannedTask(f"{prefix}-{i:05d}", start + o) for i, o in enumerate(offsets)]
+
+
 def timed_variant(
     bench: Bench, variant: str, offsets: list[int], label: str
 ) -> tuple[dict[str, Any], list[int]]:
     """Run one variant on a fresh runtime; its figures and its lateness values."""
 
     def plan(runtime: EmbeddedRuntime, url: str) -> tuple[list[PlannedTask], float]:
-        start = clock.now_ms() + START_DELAY_MS + SUBMIT_ALLOWANCE_MS[variant] * len(offsets)
-        start += 1000 - start % 1000  # on a second: offsets in distinct seconds stay apart
-        planned = [PlannedTask(f"{variant}-{i:05d}", start + o) for i, o in enumerate(offsets)]
-        submitting = time.monotonic()
+        planned, submitting = _planned(variant, offsets, variant), time.monotonic()
         VARIANTS[variant](runtime, planned, url)
         return planned, time.monotonic() - submitting
 
@@ -347,13 +352,8 @@ def flow(bench: Bench) -> dict[str, Any]:
     limits = {"key": "bench-receiver", "rate": max(1, round(500 * tasks / 5000)), "parallelism": 10}
 
     def plan(runtime: EmbeddedRuntime, url: str) -> tuple[list[PlannedTask], float]:
-        start = clock.now_ms() + START_DELAY_MS + SUBMIT_ALLOWANCE_MS["tocsin-stored"] * tasks
-        start += 1000 - start % 1000
-        planned = [
-            PlannedTask(f"flow-{i:05d}", due)
-            for i, due in enumerate(sorted(start + bench.rng.randrange(1000) for _ in range(tasks)))
-        ]
-        submitting = time.monotonic()
+        offsets = sorted(bench.rng.randrange(1000) for _ in range(tasks))
+        planned, submitting = _planned("flow", offsets, "tocsin-stored"), time.monotonic()
         _store_for_finder(runtime, planned, url, flow=limits)
         return planned, time.monotonic() - submitting
 
@@ -438,10 +438,7 @@ def retried(bench: Bench) -> dict[str, Any]:
 def _retried_plan(
     offsets: list[int], fields: dict[str, Any], runtime: EmbeddedRuntime, url: str
 ) -> tuple[list[PlannedTask], float]:
-    start = clock.now_ms() + START_DELAY_MS + SUBMIT_ALLOWANCE_MS["tocsin"] * len(offsets)
-    start += 1000 - start % 1000
-    planned = [PlannedTask(f"retried-{i:05d}", start + o) for i, o in enumerate(offsets)]
-    submitting = time.monotonic()
+    planned, submitting = _planned("retried", offsets, "tocsin"), time.monotonic()
     _submit_tocsin(runtime, planned, url, **fields)
     return planned, time.monotonic() - submitting
 

@@ -143,12 +143,13 @@ class WebhookReceiver:
                 """Read and record the request, and wait as told: the reply to give."""
                 arrived = self.arrived_ns // 1_000_000  # its first bytes, by the kernel
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                reply = receiver._reply_to(self.path, self.headers.get("Tocsin-Task-Id", ""))
+                task_id = self.headers.get("Tocsin-Task-Id", "")
+                reply = receiver._reply_to(self.path, task_id)
                 arrival = Arrival(
                     arrival_ms=arrived,
                     path=self.path,
                     idempotency_key=self.headers.get("Idempotency-Key", ""),
-                    task_id=self.headers.get("Tocsin-Task-Id", ""),
+                    task_id=task_id,
                     body=body,
                     headers=dict(self.headers.items()),
                     status=reply if isinstance(reply, int) else 0,
