@@ -5,7 +5,10 @@ executors fire through it; nothing of it is left after the stop; where cgroups c
 written it refuses, saying why."""
 
 import os
+import subprocess
+import sys
 import textwrap
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -64,6 +67,26 @@ def test_a_busy_loop_gets_the_share_of_a_core_its_memory_size_buys():
     [figures] = sandbox.calibrate(sandbox.cgroup_bases(), (SHARE_256_MB,))
     assert 0 < figures["measured"] <= SHARE_256_MB * SLACK, figures
     assert figures["nr_throttled"] > 0  # the quota held it back
+    assert ours() == []
+
+
+def test_a_share_is_its_own_however_busy_the_machine():
+    """Lambda reserves an environment's share: on AWS the stand-ins (the receiver, moto,
+    DynamoDB) are other machines. Here a dozen busy processes a core, outside any sandbox
+    and each in a session of its own (an autogroup, where the kernel groups a session's
+    processes), take none of it: without the sandbox's weight they left it a fraction."""
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+        for _ in range(12 * (os.cpu_count() or 1))
+    ]
+    try:
+        time.sleep(0.5)  # all of them running
+        [figures] = sandbox.calibrate(sandbox.cgroup_bases(), (SHARE_256_MB,))
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert figures["measured"] >= SHARE_256_MB * 0.85, figures
     assert ours() == []
 
 

@@ -6,7 +6,9 @@ embedded runtime otherwise runs every handler on the machine's full cores, in it
 process. Here each executor's invocations run in environments that are limited so.
 
 An environment is one Python child (`python -m tocsin.local.sandbox <function>`) in a cgroup
-v1 pair of its own: cpu (a CFS quota of MemorySize / 1769 of one core) and memory
+v1 pair of its own: cpu (a CFS quota of MemorySize / 1769 of one core, and the most weight
+the kernel gives, so that the share is reserved as Lambda reserves it: the stand-ins
+beside it on these cores are other machines on AWS) and memory
 (memory.limit_in_bytes = MemorySize). It imports the handler once (Lambda's init, which
 gets a whole core, INIT_SHARE), then answers invocations one at a time at its share, as a
 Lambda execution environment does, until it is closed, timed out or killed by its memory
@@ -50,6 +52,7 @@ CALIBRATION_MB = 64  # the busy loop's memory cap: it needs a few MB
 # then get the share.
 INIT_SHARE = 1.0
 PREFIX = "tocsin-sandbox"
+GUARANTEED_SHARES = 262_144  # cgroup v1's most cpu.shares
 
 
 class LimitsUnavailable(RuntimeError):
@@ -185,10 +188,14 @@ class Cgroups:
         return pair
 
     def hold_to(self, share: float, period_us: int = PERIOD_US) -> None:
-        """From now on, `share` of a core: a CFS quota of each period."""
+        """From now on, `share` of a core: a CFS quota of each period, and the weight that
+        gives the group its quota first whenever it is runnable. (With the default weight,
+        the runtime's processes took it: a sandbox woken at its gate, unthrottled, waited
+        up to 340 ms for a core, where Lambda would have run it at once.)"""
         quota = max(MIN_QUOTA_US, round(share * period_us))
         (self.cpu / "cpu.cfs_period_us").write_text(str(period_us))
         (self.cpu / "cpu.cfs_quota_us").write_text(str(quota))
+        (self.cpu / "cpu.shares").write_text(str(GUARANTEED_SHARES))
 
     def groups(self) -> list[Path]:
         return list({group: None for group in (self.cpu, self.memory, self.cpuacct)})
