@@ -3,7 +3,8 @@
 500 tasks due in one millisecond, for the webhook and the SQS types, fired by executors in
 Lambda-sized sandboxes (`tocsin.local.sandbox`) at the template's executor memory size and
 at larger ones (a larger size buys a larger share of a core); then 500 webhook tasks with
-200 KB bodies at the template's size, in one executor (the most BatchSize lets one hold);
+200 KB bodies at the template's size, the split set to 500 (so in two executors of 250,
+the most a webhook batch holds: `WEBHOOK_BATCH_MAX`);
 then one executor's share of a split burst alone (see `one_invocation`).
 
 Lateness is measured where each task's bytes arrive, by the kernel's receive stamp of their
@@ -64,7 +65,7 @@ def lambda_limits(bench: Bench) -> dict[str, Any]:
                 default_lateness += lateness
                 calibration = calibration or measured
                 at_default[task_type] = figures
-    whole = {"BurstSendsPerInvocation": str(tasks)}  # the most one executor may hold
+    whole = {"BurstSendsPerInvocation": str(tasks)}  # no split: batches as large as may be
     bodies, _, _ = same_millisecond(bench, SIZES_MB[0], "webhook", tasks, BODY_BYTES, whole)
     runs.append(bodies)
     alone = {}  # what each executor of a split burst does, with the machine to itself
