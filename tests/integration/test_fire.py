@@ -72,11 +72,35 @@ def test_task_due_beyond_look_ahead_is_started_by_the_finder(receiver):
         assert submitted.task["status"] == "PENDING"
         assert rt.run_finder()["found"] == 0
         assert list(rt.executions()) == []
-        time.sleep((due - clock.now_ms() - 4500) / 1000)
+        time.sleep((due - clock.now_ms() - 4000) / 1000)  # its window whole within reach
         assert rt.run_finder()["started"] == 1
         wait_for_status("later", {"SUCCEEDED"})
         assert len(receiver.received()) == 1
         assert receiver.received()[0].arrival_ms >= due
+
+
+def _until_reach(reach_ms: int, lookahead_ms: int = 5000) -> None:
+    """Sleep until a finder run's look-ahead reaches `reach_ms`."""
+    time.sleep(max(reach_ms - lookahead_ms - clock.now_ms(), 0) / 1000)
+
+
+@pytest.mark.slow
+def test_a_second_the_look_ahead_cuts_is_found_whole_by_the_next_run(receiver):
+    """Two tasks due in one second, a run's look-ahead reaching between them: that run
+    leaves both, and the next starts them in one execution, not in one each."""
+    with runtime_with({"LookAheadSeconds": "5"}) as rt:
+        second = ((clock.now_ms() + 5000) // 1000 + 1) * 1000  # beyond the first reach
+        due = {"early-half": second + 100, "late-half": second + 900}
+        for task_id, due_ms in due.items():
+            store_task(webhook_task(receiver.url, due_ms, task_id))
+        _until_reach(second + 400)
+        assert rt.run_finder()["found"] == 0  # reaching into the second, not across it
+        _until_reach(second + 1000)
+        assert rt.run_finder()["started"] == 2
+        for task_id in due:
+            wait_for_status(task_id, {"SUCCEEDED"})
+        [execution] = rt.executions()
+        assert {stored(t)["execution"] for t in due} == {execution.name}
 
 
 def test_overdue_task_missed_by_the_finder_fires_at_once(runtime, receiver):
