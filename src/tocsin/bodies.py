@@ -108,6 +108,26 @@ class BodyStore:
             for item in items
         ]
 
+    def with_targets(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The tasks with their targets in place, read (the target alone, eventually
+        consistent) for those that name a body apart."""
+        keys = [{"key": key} for key in dict.fromkeys(i["body"] for i in items if "body" in i)]
+        targets = {
+            body["key"]: body["target"]
+            for start in range(0, len(keys), BATCH_GET_MAX)
+            for body in batch_read(
+                self._dynamodb,
+                self._table.name,
+                keys[start : start + BATCH_GET_MAX],
+                ProjectionExpression="#k, target",
+                ExpressionAttributeNames={"#k": "key"},
+            )
+        }
+        return [
+            {**item, "target": targets[item["body"]]} if item.get("body") in targets else item
+            for item in items
+        ]
+
     def _read(self, keys: list[str]) -> dict[str, dict[str, Any]]:
         """Bodies by key, read whole and consistently (each was written before its task)."""
         unique = [{"key": key} for key in dict.fromkeys(keys)]

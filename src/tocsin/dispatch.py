@@ -15,6 +15,7 @@ import json
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -41,6 +42,9 @@ class DueTask:
     task_type: TaskType
     requeues: int = 0  # executions that ended without settling it (see tocsin.reconcile)
     planned_ms: int = 0  # when flow control lets it go, if later than due (tocsin.flow)
+    # The call it goes out in, for a batched type: its target's batch key, or its own id if
+    # its flow sends it alone; "" where not read (`tocsin.call_keys`). Not part of its identity.
+    batch_key: str = field(default="", compare=False)
 
     @property
     def fires_ms(self) -> int:
@@ -103,9 +107,10 @@ class Batch:
 WEBHOOK_BATCH_MAX = 256
 
 # What a gate lets go at once must fit the CPU an executor has to send it: a batch holds at
-# most `burst_sends` sends' worth of tasks due within any BURST_SPAN_MS (a send a task; a
-# call of BATCH_ENTRIES, for a batched type, counts SENDS_PER_CALL). More due together go
-# to more batches, whose executors, each with its own share of a core, send side by side.
+# most `burst_sends` sends due within any BURST_SPAN_MS, counted as the executor will make
+# them (`calls`): a webhook is a send, a call of a batched type counts SENDS_PER_CALL. More
+# due together go to more batches, whose executors, each with its own share of a core,
+# send side by side.
 BURST_SPAN_MS = 100
 # A batch call costs an executor what two webhook sends do after the gate: in a 256 MB
 # sandbox, alone, an SQS call of ten took 101-110 us of CPU (50 and 100 tasks due in one
@@ -116,40 +121,111 @@ SENDS_PER_CALL = 2
 def pack(tasks: list[DueTask], window_ms: int, batch_size: int, burst_sends: int) -> list[Batch]:
     """Tasks of one type whose due times fall in the same window (windows aligned to
     multiples of `window_ms`), in as few batches as keep each within `batch_size` tasks
-    (WEBHOOK_BATCH_MAX for webhooks) and `burst_sends` for any BURST_SPAN_MS. A window's
-    tasks are dealt to its batches in turn, earliest first: each batch then holds its share
-    of every span, and none more than the limits.
+    (WEBHOOK_BATCH_MAX for webhooks) and `burst_sends` sends for any BURST_SPAN_MS. A
+    window's calls are dealt to its batches in turn, earliest first: each batch then holds
+    its share of every span, and none more than the limits.
 
     Two finders that see different tasks may pack them differently: each task still fires
     once, for only one execution can claim it.
     """
-    windows: dict[tuple[TaskType, int], list[DueTask]] = {}
-    for task in sorted(tasks, key=lambda task: (task.fires_ms, task)):
-        windows.setdefault((task.task_type, task.fires_ms // window_ms), []).append(task)
     batches = []
-    for (task_type, _), members in windows.items():
+    for (task_type, _), members in windows(tasks, window_ms).items():
         size = min(batch_size, WEBHOOK_BATCH_MAX) if task_type is TaskType.WEBHOOK else batch_size
-        burst = burst_tasks(task_type, burst_sends)
-        count = max(-(-len(members) // size), -(-densest(members) // burst))
-        batches += [Batch(tuple(members[i::count])) for i in range(count)]
+        units = calls(task_type, members, size)
+        weight = SENDS_PER_CALL if task_type in BATCHED_TYPES else 1
+        burst = max(1, -(-burst_sends // weight))  # calls within a BURST_SPAN_MS
+        count = max(-(-len(members) // size), -(-densest(units) // burst))
+        batches += _dealt(units, min(count, len(units)), size, burst)
     return sorted(batches)
 
 
+def _in_order(tasks: Iterable[DueTask]) -> tuple[DueTask, ...]:
+    """Earliest to fire first."""
+    return tuple(sorted(tasks, key=lambda task: (task.fires_ms, task)))
+
+
+def windows(tasks: list[DueTask], window_ms: int) -> dict[tuple[TaskType, int], list[DueTask]]:
+    """The tasks by type and window, each window's earliest first."""
+    by_window: dict[tuple[TaskType, int], list[DueTask]] = {}
+    for task in _in_order(tasks):
+        by_window.setdefault((task.task_type, task.fires_ms // window_ms), []).append(task)
+    return by_window
+
+
+def calls(task_type: TaskType, tasks: list[DueTask], size: int) -> list[list[DueTask]]:
+    """The calls `tasks` (earliest first) go out in, as `tocsin.fire.sends` makes them: a
+    task each, or, of a batched type, those due in one millisecond with one batch key, up to
+    BATCH_ENTRIES (and `size`) a call. Tasks whose keys were not read (`batch_key` "") are
+    counted as sharing one."""
+    if task_type not in BATCHED_TYPES:
+        return [[task] for task in tasks]
+    units: list[list[DueTask]] = []
+    open_calls: dict[tuple[int, str], list[DueTask]] = {}
+    for task in tasks:
+        key = (task.due_ms, task.batch_key)
+        call = open_calls.get(key)
+        if call is None or len(call) == min(BATCH_ENTRIES, size):
+            call = open_calls[key] = []
+            units.append(call)
+        call.append(task)
+    return units
+
+
+def _dealt(units: list[list[DueTask]], count: int, size: int, burst: int) -> list[Batch]:
+    """The calls dealt in turn to `count` batches, or to more if they do not fit so: a
+    batch would hold more than `size` tasks, or more than `burst` calls within a
+    BURST_SPAN_MS (calls of unequal sizes can do either; one call a batch always fits)."""
+    while True:
+        dealt = _in_turn(units, count, size)
+        if dealt and all(densest(calls) <= burst for calls in dealt):
+            return [Batch(_in_order(task for unit in calls for task in unit)) for calls in dealt]
+        count += 1
+
+
+def _in_turn(units: list[list[DueTask]], count: int, size: int) -> list[list[list[DueTask]]]:
+    """Each call to the next of `count` batches in turn that has room for it ([] if one
+    has none)."""
+    dealt: list[list[list[DueTask]]] = [[] for _ in range(count)]
+    held, turn = [0] * count, 0
+    for unit in units:
+        room = [i % count for i in range(turn, turn + count) if held[i % count] + len(unit) <= size]
+        if not room:
+            return []
+        dealt[room[0]].append(unit)
+        held[room[0]] += len(unit)
+        turn = room[0] + 1
+    return dealt
+
+
 def burst_tasks(task_type: TaskType, burst_sends: int) -> int:
-    """The tasks due within BURST_SPAN_MS that one batch of `task_type` may hold."""
+    """The tasks due within BURST_SPAN_MS that one batch of `task_type` may hold, at one
+    batch key (ten to a call)."""
     if task_type not in BATCHED_TYPES:
         return burst_sends
     return max(1, round(burst_sends / SENDS_PER_CALL)) * BATCH_ENTRIES
 
 
-def densest(tasks: list[DueTask]) -> int:
-    """The most of `tasks` (earliest first) due within any BURST_SPAN_MS."""
+def densest(units: list[list[DueTask]]) -> int:
+    """The most of `units` (calls, earliest first) due within any BURST_SPAN_MS."""
     most, start = 0, 0
-    for end, task in enumerate(tasks):
-        while task.fires_ms - tasks[start].fires_ms >= BURST_SPAN_MS:
+    for end, unit in enumerate(units):
+        while unit[0].fires_ms - units[start][0].fires_ms >= BURST_SPAN_MS:
             start += 1
         most = max(most, end - start + 1)
     return most
+
+
+def crowded(tasks: list[DueTask], window_ms: int, burst_sends: int) -> list[DueTask]:
+    """The tasks of a batched type whose windows hold more due within a BURST_SPAN_MS than
+    a batch may send as calls of one: where knowing each task's batch key (`calls`) can
+    change the packing."""
+    alone = max(1, burst_sends // SENDS_PER_CALL)
+    return [
+        task
+        for (task_type, _), members in windows(tasks, window_ms).items()
+        if task_type in BATCHED_TYPES and densest([[t] for t in members]) > alone
+        for task in members
+    ]
 
 
 class Outcome(StrEnum):

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 
 from tocsin import aws, clock
+from tocsin.call_keys import with_call_keys
 from tocsin.dispatch import DueTask, dispatch_all, due_task, look_again_now
 from tocsin.index_keys import LOOK_AFTER_MS, writers_own
 from tocsin.occurrences import finish_all_leftovers, made_tasks, materialize_due
@@ -76,7 +77,8 @@ def run_finder(settings: Settings, budget_s: float) -> dict[str, int]:
     tasks and started, then what is due by now + look-ahead past the horizon, started
     within `budget_s`; what each did.
 
-    The look-ahead's reach is cut to whole batch windows (`whole_windows`). The horizon
+    The look-ahead's reach is cut to whole batch windows (`whole_windows`); a crowded
+    window's tasks are packed by where each goes (`tocsin.call_keys`). The horizon
     moves up to the first task not started (throttled, or the budget ran out), which the
     next run reads again; an occurrence not started goes to a check
     shard, since it is not the finder's to find (its maker was its writer)."""
@@ -91,7 +93,8 @@ def run_finder(settings: Settings, budget_s: float) -> dict[str, int]:
     until = whole_windows(now + settings.lookahead_s * 1000, settings.batch_window_ms)
     horizon = store.horizon(HORIZON)
     found = find_due(settings, now - FIRST_LOOK_BACK_MS if horizon is None else horizon, until)
-    report = dispatch_all(sorted({*found, *made}), at_the_tables_rate(settings), deadline)
+    due = with_call_keys(sorted({*found, *made}), settings, deadline)
+    report = dispatch_all(due, at_the_tables_rate(settings), deadline)
     look_again_now(tuple(set(report.left) & set(made)), settings)
     left = set(report.left) & set(found)
     store.advance_horizon(HORIZON, min((t.due_ms - 1 for t in left), default=until))

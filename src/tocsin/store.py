@@ -156,6 +156,19 @@ class TaskStore:
         )
         return {item["task_id"]: (item["status"], int(item["version"])) for item in items}
 
+    def targets(self, task_ids: list[str]) -> list[dict[str, Any]]:
+        """Up to 100 tasks' targets and what flow sends them alone, read at once (eventually
+        consistent: for packing, not sending; `tocsin.call_keys`), a target in a body apart
+        read from there."""
+        keys = [{"task_id": task_id} for task_id in dict.fromkeys(task_ids)]
+        items = batch_read(
+            self._dynamodb,
+            self._table.name,
+            keys,
+            ProjectionExpression="task_id, task_type, target, body, flow, recovering",
+        )
+        return self._bodies.with_targets(items)
+
     def horizon(self, name: str) -> int | None:
         """How far a reader of the due shards has read (None: it never has)."""
         item = self._table.get_item(Key=HORIZONS_KEY, ConsistentRead=True).get("Item", {})

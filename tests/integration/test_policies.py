@@ -416,12 +416,20 @@ def test_the_finder_role_allows_every_call_of_the_finder(runtime, calls, receive
     assert call_api(runtime, "POST", "/schedules", doomed)[0] == 201  # its first made, started
     with mock.patch.object(schedules, "LEFTOVERS_BUDGET_S", 0.0):  # its cancel left to the finder
         assert call_api(runtime, "DELETE", "/schedules/doomed")[0] == 200
+    # a crowded millisecond of SQS tasks: the finder reads their targets, one's in its body
+    crowded_at = clock.to_iso(clock.now_ms() // 1000 * 1000 + 15_000)
+    for i in range(31):
+        target = {"queue_url": f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT_ID}/q{i}"}
+        payload = LARGE if i == 0 else {"i": i}
+        crowded = {"id": f"sqs-{i}", "due_at": crowded_at, "type": "sqs", "target": target}
+        store_task(crowded | {"payload": payload})
     time.sleep(3)  # now within it: the finder makes the occurrence
     with executors_held_back(runtime), calls.of("FinderFunction"):
         report = runtime.invoke("FinderFunction", scheduled_event())
     stop_executions()
-    # started: one more than the new schedule alone makes, the legacy one's occurrence
-    assert (report["started"], report["requeued"], report["letters_sent"]) == (4, 1, 1)
+    # started: one more than the new schedule alone makes, the legacy one's occurrence;
+    # and the crowded millisecond's 31 tasks
+    assert (report["started"], report["requeued"], report["letters_sent"]) == (35, 1, 1)
     assert report["failed_stuck"] == 1 and stored("spent.1.callback")["callback_of"] == "spent"
     assert (report["occurrences_made"], report["leftovers_finished"]) == (2, 1)
     assert {
@@ -436,7 +444,7 @@ def test_the_finder_role_allows_every_call_of_the_finder(runtime, calls, receive
         "states:StopExecution",
         "sqs:SendMessage",
     } <= calls.actions("FinderFunction")
-    assert on_bodies(calls, "FinderFunction") == {"dynamodb:PutItem"}
+    assert on_bodies(calls, "FinderFunction") == {"dynamodb:PutItem", "dynamodb:BatchGetItem"}
     assert refused(runtime, calls) == []
 
 

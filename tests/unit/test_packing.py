@@ -11,6 +11,8 @@ from tocsin.dispatch import (
     Batch,
     DueTask,
     burst_tasks,
+    calls,
+    crowded,
     densest,
     execution_input,
     pack,
@@ -23,8 +25,10 @@ SECOND = 1_800_000_000_000  # a window boundary
 ANY_BURST = BATCH_SIZE_LIMIT  # no batch is split for its tasks due together
 
 
-def task(offset_ms: int, name: str, task_type: TaskType = TaskType.WEBHOOK) -> DueTask:
-    return DueTask(SECOND + offset_ms, name, 1, task_type)
+def task(
+    offset_ms: int, name: str, task_type: TaskType = TaskType.WEBHOOK, key: str = ""
+) -> DueTask:
+    return DueTask(SECOND + offset_ms, name, 1, task_type, batch_key=key)
 
 
 def test_tasks_of_one_type_in_one_window_share_a_batch():
@@ -70,8 +74,39 @@ def test_a_batch_call_counts_two_sends_and_a_batch_holds_whole_calls():
         assert [burst_tasks(kind, n) for n in (1, 2, 15, 60)] == [10, 10, 80, 300]
 
 
+def test_tasks_at_many_queues_count_the_calls_they_will_make():
+    """40 SQS tasks due in one millisecond at 40 queues are 40 calls, 80 sends: two batches
+    within a burst of 60. At one queue they are four calls, one batch; keys not read count
+    as one queue's, as before (review F5)."""
+    many = [task(0, f"q{i:02d}", TaskType.SQS, f"queue-{i}") for i in range(40)]
+    assert [len(b.tasks) for b in pack(many, 1000, 500, burst_sends=60)] == [20, 20]
+    one = [task(0, f"q{i:02d}", TaskType.SQS, "queue") for i in range(40)]
+    assert [len(b.tasks) for b in pack(one, 1000, 500, burst_sends=60)] == [40]
+    unread = [task(0, f"q{i:02d}", TaskType.SQS) for i in range(40)]
+    assert [len(b.tasks) for b in pack(unread, 1000, 500, burst_sends=60)] == [40]
+
+
+def test_a_call_holds_ten_tasks_due_in_one_millisecond_at_one_key():
+    tasks = [task(0, f"a{i:02d}", TaskType.SNS, "a") for i in range(12)]
+    tasks += [task(0, "b", TaskType.SNS, "b"), task(1, "a-later", TaskType.SNS, "a")]
+    assert [len(call) for call in calls(TaskType.SNS, tasks, 500)] == [10, 2, 1, 1]
+    assert [len(call) for call in calls(TaskType.SNS, tasks, 4)] == [4, 4, 4, 1, 1]
+    assert [len(call) for call in calls(TaskType.WEBHOOK, tasks[:3], 500)] == [1, 1, 1]
+
+
+def test_only_a_batched_window_more_crowded_than_calls_of_one_fit_asks_for_its_keys():
+    """A burst of 60 sends holds 30 calls: a window with at most 30 tasks of a batched type
+    due within 100 ms fits one batch however its calls fall, so its targets are not read."""
+    fits = [task(i, f"s{i:02d}", TaskType.SQS) for i in range(30)]
+    assert crowded(fits, 1000, burst_sends=60) == []
+    more = [*fits, task(99, "s30", TaskType.SQS), task(3000, "apart", TaskType.SQS)]
+    assert crowded(more, 1000, burst_sends=60) == sorted(more)[:31]
+    webhooks = [task(0, f"w{i:02d}") for i in range(100)]
+    assert crowded(webhooks, 1000, burst_sends=60) == []
+
+
 @given(
-    offsets=st.lists(st.integers(0, 2999), min_size=1, max_size=600),
+    offsets=st.lists(st.tuples(st.integers(0, 2999), st.integers(0, 3)), min_size=1, max_size=600),
     batch_size=st.integers(1, 500),
     burst_sends=st.integers(1, 40),
     batched=st.booleans(),
@@ -80,18 +115,19 @@ def test_every_task_is_packed_once_within_the_size_and_the_burst(
     offsets, batch_size, burst_sends, batched
 ):
     kind = TaskType.SQS if batched else TaskType.WEBHOOK
-    tasks = [task(offset, f"t{i:03d}", kind) for i, offset in enumerate(offsets)]
+    tasks = [task(at, f"t{i:03d}", kind, f"key-{key}") for i, (at, key) in enumerate(offsets)]
     batches = pack(tasks, window_ms=1000, batch_size=batch_size, burst_sends=burst_sends)
     assert sorted(t for b in batches for t in b.tasks) == sorted(tasks)
-    burst = burst_tasks(kind, burst_sends)
+    weight = 2 if batched else 1
     for batch in batches:
-        assert len(batch.tasks) <= batch_size and densest(list(batch.tasks)) <= burst
+        sent = densest(calls(kind, list(batch.tasks), batch_size)) * weight
+        assert len(batch.tasks) <= batch_size and sent <= max(weight, burst_sends + 1)
         assert len({t.due_ms // 1000 for t in batch.tasks}) == 1  # one window
         assert list(batch.tasks) == sorted(batch.tasks)
 
 
-def test_the_densest_span_counts_tasks_due_within_100_ms():
-    tasks = [task(offset, f"t{offset}") for offset in (0, 50, 99, 100, 150, 400)]
+def test_the_densest_span_counts_calls_due_within_100_ms():
+    tasks = [[task(offset, f"t{offset}")] for offset in (0, 50, 99, 100, 150, 400)]
     assert densest(tasks) == 3 and BURST_SPAN_MS == 100  # 0..99 and 50..149 hold three
 
 
