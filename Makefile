@@ -152,7 +152,7 @@ asl-interpreter:
 # engine, so that where moto and AWS differ a test fails (fault injection stays on moto).
 STORE_TESTS = $(addprefix tests/integration/,test_exactly_once.py test_reconcile.py \
 	test_api.py test_schedules.py test_bodies.py test_callbacks.py test_flow.py test_retries.py \
-	test_holds.py test_bulk.py)
+	test_holds.py test_bulk.py test_call_keys.py)
 tests-dynamodb-local: installs
 	@if [ -f $(DDB_LOCAL)/node_modules/.installed ]; then \
 		echo "TOCSIN_TEST_TABLES=dynamodb-local pytest (the store-heavy tests)"; \

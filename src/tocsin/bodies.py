@@ -119,8 +119,8 @@ class BodyStore:
                 self._dynamodb,
                 self._table.name,
                 keys[start : start + BATCH_GET_MAX],
-                ProjectionExpression="#k, target",
-                ExpressionAttributeNames={"#k": "key"},
+                ProjectionExpression="#k, #t",
+                ExpressionAttributeNames={"#k": "key", "#t": "target"},
             )
         }
         return [

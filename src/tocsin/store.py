@@ -42,6 +42,8 @@ BUSY = "DynamoDB is busy: send the same request again"
 # A claim's lease is over (or there is none): no invocation may still be sending the task.
 LEASE_OVER = "(attribute_not_exists(lease_until) OR lease_until < :now_ms)"
 STATUS_AND_VERSION = {"#s": "status", "#v": "version"}
+# What the finder's packing reads of a crowded second's tasks (`tocsin.call_keys`)
+CALL_ATTRIBUTES = ("task_id", "task_type", "target", "body", "flow", "recovering")
 # A version's flow slot (`tocsin.flow`): a new version is planned anew.
 PLANNED = ("planned_ms", "planned_at")
 HELD = ", ".join((*PLANNED, "held_ms"))
@@ -161,11 +163,13 @@ class TaskStore:
         consistent: for packing, not sending; `tocsin.call_keys`), a target in a body apart
         read from there."""
         keys = [{"task_id": task_id} for task_id in dict.fromkeys(task_ids)]
+        names = {f"#a{i}": name for i, name in enumerate(CALL_ATTRIBUTES)}
         items = batch_read(
             self._dynamodb,
             self._table.name,
             keys,
-            ProjectionExpression="task_id, task_type, target, body, flow, recovering",
+            ProjectionExpression=", ".join(names),
+            ExpressionAttributeNames=names,
         )
         return self._bodies.with_targets(items)
 
