@@ -6,6 +6,7 @@ that ask more of a scenario than its holes judge its same run (an xdist group ke
 on one process)."""
 
 import functools
+import time
 from typing import Any
 
 import pytest
@@ -141,6 +142,29 @@ def test_a_failure_the_scenario_did_not_plan_is_counted_and_reported_with_its_er
     unplanned = result["unplanned_failures"]
     assert result["unexpected_failures"] == len(unplanned) == result["failed_to_dlq"] == 1
     assert all("500" in error for error in unplanned.values()), unplanned
+
+
+def test_a_send_again_after_an_answer_past_the_senders_limit_is_counted_apart(monkeypatch):
+    """A receiver that writes its 200 later than the webhook timeout (5 s here) leaves its
+    sender nothing to go on: it sends again, with the same key, by design. The judge counts
+    that repeat apart from duplicates (a busy machine's receiver, a thread of the runtime's
+    process, once answered 6.2 s late so)."""
+
+    def answering_late(trial, tasks):
+        slow = set(trial.store(tasks, "slow"))
+
+        def hold(arrival):
+            if arrival.task_id in slow:
+                slow.discard(arrival.task_id)
+                time.sleep(6)
+
+        trial.receiver.on_arrival = hold
+        trial.finder_until_done()
+
+    monkeypatch.setitem(chaos.SCENARIOS, "webhook-faults", answering_late)
+    result = run_scenario("webhook-faults", tasks=2, seed=3)
+    assert (result["fired"], result["duplicates"], result["lost"]) == (2, 0, 0)
+    assert result["delivered_again_after_a_late_answer"] == 2
 
 
 def test_chaos_command_prints_one_json_object_last(capsys):

@@ -38,7 +38,7 @@ from tocsin.local.dynamodb_process import Fault
 from tocsin.local.runtime import EmbeddedRuntime
 from tocsin.local.server import api_event
 from tocsin.measure import most_within, placed_long_ago
-from tocsin.measure.receiver import WebhookReceiver, allowing
+from tocsin.measure.receiver import Arrival, WebhookReceiver, allowing
 from tocsin.reconcile import Reconciled, reconcile
 from tocsin.settings import settings
 from tocsin.store import DUE_INDEX, HORIZONS_KEY
@@ -220,16 +220,27 @@ class Trial:
             )
             counts["lost"] += not explained
             counts["dlq_missing"] += status == "FAILED" and key not in in_dlq
+        # Sent again because its answer was not written within the sender's limit: it gave up
+        limit_ms = settings().webhook_timeout_s * 1000
+        by_key: dict[str, list[Arrival]] = {}
+        for arrival in answered:
+            by_key.setdefault(arrival.idempotency_key, []).append(arrival)
         doubled = []
         for key, times in delivered.items():
             if key in self.may_repeat:
                 counts["delivered_again_after_a_kill"] += times - 1
+            elif all(_unanswered_within(a, limit_ms) for a in _but_last(by_key[key])):
+                counts["delivered_again_after_a_late_answer"] += times - 1
             else:
                 counts["duplicates"] += times - 1
                 doubled += [key] * (times > 1)
             counts["early"] += first[key] < self.due.get(key, 0)
         if self.may_repeat:
             self.notes["delivered_again_after_a_kill"] = counts["delivered_again_after_a_kill"]
+        if counts["delivered_again_after_a_late_answer"]:
+            self.notes["delivered_again_after_a_late_answer"] = counts[
+                "delivered_again_after_a_late_answer"
+            ]
         current = {_current(item) for item in items}
         counts["duplicates"] += len(set(delivered) - current)  # an old version, after a change
         counts["duplicates"] += self.extra_creations
@@ -908,9 +919,10 @@ def _runtime(state_file: Path, receiver_url: str, lambda_limits: bool) -> Embedd
 
 @contextmanager
 def trial(seed: int, lambda_limits: bool = False) -> Iterator[Trial]:
-    # A shorter webhook timeout keeps the hanging receiver's scenario quick; it stays long
-    # enough that a busy machine's slow 200 is not mistaken for a hang (which would be an
-    # ambiguous failure, retried, and delivered twice by design).
+    # A shorter webhook timeout keeps the hanging receiver's scenario quick. A 200 that a
+    # busy machine's receiver (a thread of this process) writes later than it is an
+    # ambiguous failure, retried and delivered twice by design: such a repeat is counted
+    # apart (`delivered_again_after_a_late_answer`), not as a duplicate.
     with (
         mock.patch.dict("os.environ", {"WEBHOOK_TIMEOUT_SECONDS": "5"}),
         WebhookReceiver(hang_s=6) as receiver,
@@ -998,3 +1010,14 @@ def main(
         else f"{holes} problems"
     )
     return 1 if holes else 0
+
+
+def _but_last(arrivals: list[Arrival]) -> list[Arrival]:
+    """Every arrival of a key but its last to arrive."""
+    return sorted(arrivals, key=lambda arrival: arrival.arrival_ms)[:-1]
+
+
+def _unanswered_within(arrival: Arrival, limit_ms: float) -> bool:
+    """Whether its answer was not written within `limit_ms` of its arrival (or not at all):
+    its sender had none to go on."""
+    return not arrival.answered_ms or arrival.answered_ms - arrival.arrival_ms > limit_ms

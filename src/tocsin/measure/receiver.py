@@ -9,7 +9,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -26,6 +26,7 @@ class Arrival:
     body: bytes
     headers: dict[str, str]
     status: int = 200  # what the sender got back: 0 when the receiver hung up or timed out
+    answered_ms: int = 0  # when the answer was written (0: not yet, or none)
 
 
 Reply = int | Literal["hang", "close"]
@@ -114,6 +115,15 @@ class WebhookReceiver:
         with self._lock:
             self.arrivals.append(arrival)
 
+    def _answered(self, arrival: Arrival) -> None:
+        """`arrival`'s answer written now: a sender that gave up on it before may have
+        sent it again, by design (`tocsin chaos` tells those repeats apart)."""
+        with self._lock:
+            at = next(
+                i for i in range(len(self.arrivals) - 1, -1, -1) if self.arrivals[i] is arrival
+            )
+            self.arrivals[at] = replace(arrival, answered_ms=time.time_ns() // 1_000_000)
+
     def _holding(self, more: int) -> None:
         """One request more held (1), or answered (-1)."""
         with self._lock:
@@ -138,6 +148,7 @@ class WebhookReceiver:
                 for name, value in receiver.headers_for.get(self.path, {}).items():
                     self.send_header(name, value)
                 self.end_headers()
+                receiver._answered(self.arrival)
 
             def _take(self) -> Reply:
                 """Read and record the request, and wait as told: the reply to give."""
@@ -155,6 +166,7 @@ class WebhookReceiver:
                     status=reply if isinstance(reply, int) else 0,
                 )
                 receiver._record(arrival)
+                self.arrival = arrival
                 if receiver.on_arrival is not None:
                     receiver.on_arrival(arrival)
                 time.sleep(receiver.answer_after_s)
