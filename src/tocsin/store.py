@@ -162,16 +162,7 @@ class TaskStore:
         """Up to 100 tasks' targets and what flow sends them alone, read at once (eventually
         consistent: for packing, not sending; `tocsin.call_keys`), a target in a body apart
         read from there."""
-        keys = [{"task_id": task_id} for task_id in dict.fromkeys(task_ids)]
-        names = {f"#a{i}": name for i, name in enumerate(CALL_ATTRIBUTES)}
-        items = batch_read(
-            self._dynamodb,
-            self._table.name,
-            keys,
-            ProjectionExpression=", ".join(names),
-            ExpressionAttributeNames=names,
-        )
-        return self._bodies.with_targets(items)
+        return self._bodies.with_targets(self._read(task_ids, CALL_ATTRIBUTES))
 
     def horizon(self, name: str) -> int | None:
         """How far a reader of the due shards has read (None: it never has)."""
@@ -282,16 +273,20 @@ class TaskStore:
 
     def _tasks(self, task_ids: list[str]) -> dict[str, dict[str, Any]]:
         """Up to 100 tasks by id, what a summary shows of them (SUMMARY_ATTRIBUTES)."""
+        return {item["task_id"]: item for item in self._read(task_ids, SUMMARY_ATTRIBUTES)}
+
+    def _read(self, task_ids: list[str], attributes: tuple[str, ...]) -> list[dict[str, Any]]:
+        """Up to 100 tasks' `attributes`, read at once (eventually consistent), each name
+        an alias (DynamoDB reserves words such as `status`)."""
         keys = [{"task_id": task_id} for task_id in dict.fromkeys(task_ids)]
-        names = {f"#a{i}": name for i, name in enumerate(SUMMARY_ATTRIBUTES)}
-        items = batch_read(
+        names = {f"#a{i}": name for i, name in enumerate(attributes)}
+        return batch_read(
             self._dynamodb,
             self._table.name,
             keys,
             ProjectionExpression=", ".join(names),
             ExpressionAttributeNames=names,
         )
-        return {item["task_id"]: item for item in items}
 
     def cancel(
         self, task_id: str, owner: str, now_iso: str, expires_at: int
