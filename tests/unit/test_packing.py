@@ -94,6 +94,32 @@ def test_a_call_holds_ten_tasks_due_in_one_millisecond_at_one_key():
     assert [len(call) for call in calls(TaskType.WEBHOOK, tasks[:3], 500)] == [1, 1, 1]
 
 
+def test_calls_of_unequal_sizes_get_another_batch_rather_than_crowd_one():
+    """Ten tasks at one queue and three alone, in batches of ten, one call per 100 ms: two
+    batches would hold them, but the second would take both calls due at 200 ms. A third
+    batch keeps each within its size and its burst."""
+    tasks = [task(0, f"a{i}", TaskType.SQS, "a") for i in range(10)]
+    tasks += [task(0, "b", TaskType.SQS, "b"), task(200, "c", TaskType.SQS, "c")]
+    tasks += [task(200, "d", TaskType.SQS, "d")]
+    batches = pack(tasks, 1000, batch_size=10, burst_sends=2)
+    assert sorted(len(b.tasks) for b in batches) == [1, 2, 10]
+    for batch in batches:
+        assert densest(calls(TaskType.SQS, list(batch.tasks), 10)) == 1
+    # Six tasks in batches of three: a call of two and four of one, dealt by their tasks
+    due = [(0, "c"), (0, "a"), (0, "b"), (0, "b"), (200, "a"), (200, "c")]
+    tasks = [task(at, f"t{i}", TaskType.SQS, key) for i, (at, key) in enumerate(due)]
+    assert [len(b.tasks) for b in pack(tasks, 1000, batch_size=3, burst_sends=60)] == [3, 3]
+
+
+def test_a_batch_goes_in_the_order_its_tasks_fire_its_flows_slots_included():
+    """A task its flow holds to a later slot fires after one due later than it: the batch's
+    first gate, which its wake is planned from, is the earliest to fire."""
+    held = DueTask(SECOND + 10, "held", 1, TaskType.WEBHOOK, planned_ms=SECOND + 500)
+    [batch] = pack([held, task(100, "next")], 1000, 500, burst_sends=ANY_BURST)
+    assert [t.task_id for t in batch.tasks] == ["next", "held"]
+    assert batch.first_due_ms == SECOND + 100
+
+
 def test_only_a_batched_window_more_crowded_than_calls_of_one_fit_asks_for_its_keys():
     """A burst of 60 sends holds 30 calls: a window with at most 30 tasks of a batched type
     due within 100 ms fits one batch however its calls fall, so its targets are not read."""
@@ -103,11 +129,17 @@ def test_only_a_batched_window_more_crowded_than_calls_of_one_fit_asks_for_its_k
     assert crowded(more, 1000, burst_sends=60) == sorted(more)[:31]
     webhooks = [task(0, f"w{i:02d}") for i in range(100)]
     assert crowded(webhooks, 1000, burst_sends=60) == []
+    pair = [task(0, "x", TaskType.SNS), task(1, "y", TaskType.SNS)]  # a burst of 2: one call
+    assert crowded(pair, 1000, burst_sends=2) == pair
 
 
 @given(
-    offsets=st.lists(st.tuples(st.integers(0, 2999), st.integers(0, 3)), min_size=1, max_size=600),
-    batch_size=st.integers(1, 500),
+    offsets=st.lists(  # at random milliseconds, or many in a few: calls of unequal sizes
+        st.tuples(st.integers(0, 2999) | st.sampled_from([0, 200, 400, 600]), st.integers(0, 5)),
+        min_size=1,
+        max_size=600,
+    ),
+    batch_size=st.integers(1, 12) | st.integers(1, 500),
     burst_sends=st.integers(1, 40),
     batched=st.booleans(),
 )
