@@ -173,8 +173,9 @@ def calls(task_type: TaskType, tasks: list[DueTask], size: int) -> list[list[Due
 
 def _dealt(units: list[list[DueTask]], count: int, size: int, burst: int) -> list[Batch]:
     """The calls dealt in turn to `count` batches, or to more if they do not fit so: a
-    batch would hold more than `size` tasks, or more than `burst` calls within a
-    BURST_SPAN_MS (calls of unequal sizes can do either; one call a batch always fits)."""
+    batch would hold more than `burst` calls within a BURST_SPAN_MS (calls of unequal
+    sizes can crowd one; one call a batch always fits), or the calls more than `size`
+    tasks a batch (`_in_turn` cuts a call that only fits in parts)."""
     while True:
         dealt = _in_turn(units, count, size)
         if dealt and all(densest(calls) <= burst for calls in dealt):
@@ -183,17 +184,22 @@ def _dealt(units: list[list[DueTask]], count: int, size: int, burst: int) -> lis
 
 
 def _in_turn(units: list[list[DueTask]], count: int, size: int) -> list[list[list[DueTask]]]:
-    """Each call to the next of `count` batches in turn that has room for it ([] if one
-    has none)."""
+    """Each call to the next of `count` batches in turn that has room for it; one that none
+    has room for in parts, to the next that have some ([] if they have too little)."""
     dealt: list[list[list[DueTask]]] = [[] for _ in range(count)]
     held, turn = [0] * count, 0
     for unit in units:
-        room = [i % count for i in range(turn, turn + count) if held[i % count] + len(unit) <= size]
-        if not room:
+        order = [i % count for i in range(turn, turn + count)]
+        whole = [i for i in order if held[i] + len(unit) <= size]
+        rest = unit
+        for i in whole[:1] or order:
+            part, rest = rest[: size - held[i]], rest[size - held[i] :]
+            if part:
+                dealt[i].append(part)
+                held[i] += len(part)
+                turn = i + 1
+        if rest:
             return []
-        dealt[room[0]].append(unit)
-        held[room[0]] += len(unit)
-        turn = room[0] + 1
     return dealt
 
 
