@@ -111,33 +111,25 @@ class BodyStore:
     def with_targets(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The tasks with their targets in place, read (the target alone, eventually
         consistent) for those that name a body apart."""
-        keys = [{"key": key} for key in dict.fromkeys(i["body"] for i in items if "body" in i)]
-        targets = {
-            body["key"]: body["target"]
-            for start in range(0, len(keys), BATCH_GET_MAX)
-            for body in batch_read(
-                self._dynamodb,
-                self._table.name,
-                keys[start : start + BATCH_GET_MAX],
-                ProjectionExpression="#k, #t",
-                ExpressionAttributeNames={"#k": "key", "#t": "target"},
-            )
-        }
+        keys = [item["body"] for item in items if "body" in item]
+        aliases = {"ExpressionAttributeNames": {"#k": "key", "#t": "target"}}
+        bodies = self._read(keys, ProjectionExpression="#k, #t", **aliases) if keys else {}
         return [
-            {**item, "target": targets[item["body"]]} if item.get("body") in targets else item
+            {**item, "target": bodies[item["body"]]["target"]}
+            if item.get("body") in bodies
+            else item
             for item in items
         ]
 
-    def _read(self, keys: list[str]) -> dict[str, dict[str, Any]]:
-        """Bodies by key, read whole and consistently (each was written before its task)."""
+    def _read(self, keys: list[str], **asked: Any) -> dict[str, dict[str, Any]]:
+        """Bodies by key, read as `asked` (a projection), or whole and consistently: each
+        was written before its task."""
         unique = [{"key": key} for key in dict.fromkeys(keys)]
+        how = asked or {"ConsistentRead": True}
         return {
             body["key"]: body
             for start in range(0, len(unique), BATCH_GET_MAX)
             for body in batch_read(
-                self._dynamodb,
-                self._table.name,
-                unique[start : start + BATCH_GET_MAX],
-                ConsistentRead=True,
+                self._dynamodb, self._table.name, unique[start : start + BATCH_GET_MAX], **how
             )
         }

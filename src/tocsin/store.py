@@ -148,14 +148,7 @@ class TaskStore:
     def statuses(self, task_ids: list[str]) -> dict[str, tuple[str, int]]:
         """Up to 100 tasks' status and version, read at once (eventually consistent: a
         look that finds a task unsettled reads it again, consistently)."""
-        keys = [{"task_id": task_id} for task_id in dict.fromkeys(task_ids)]
-        items = batch_read(
-            self._dynamodb,
-            self._table.name,
-            keys,
-            ProjectionExpression="task_id, #s, #v",
-            ExpressionAttributeNames=STATUS_AND_VERSION,
-        )
+        items = self._read(task_ids, ("task_id", "status", "version"))
         return {item["task_id"]: (item["status"], int(item["version"])) for item in items}
 
     def targets(self, task_ids: list[str]) -> list[dict[str, Any]]:
