@@ -20,6 +20,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from tocsin.flow import LEDGER_PREFIX
+
 KB = 1024
 WRITES = {"PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"}
 # What a write refused by its condition answers: billed all the same.
@@ -115,6 +117,15 @@ def written_keys(action: str, body: dict[str, Any]) -> list[tuple[str, dict[str,
     return []
 
 
+def _flow_part(key: dict[str, Any]) -> str | None:
+    """`flow:leases` or `flow:ledger` for an item of a flow's (`tocsin.flow`), whose units,
+    of the table's, are shown apart too: what flow control writes a send."""
+    task_id = key.get("task_id", {}).get("S", "")
+    if not task_id.startswith(LEDGER_PREFIX):
+        return None
+    return "flow:leases" if task_id.startswith(f"{LEDGER_PREFIX}lease") else "flow:ledger"
+
+
 def _key(written: dict[str, Any]) -> dict[str, Any]:
     """A write's key, or the whole item it puts (its key attributes among the rest)."""
     return written.get("Key") or written.get("Item", {})
@@ -145,7 +156,10 @@ class Metering:
             return
         for table, key, before, transactional in taken:
             after = image(table, self._item(table, key))
-            self.billed.update(write_units(before, after, transactional))
+            billed = write_units(before, after, transactional)
+            if part := _flow_part(key):
+                billed[part] = billed["table"]
+            self.billed.update(billed)
 
     @staticmethod
     def _item(table: Any, key: dict[str, Any]) -> Any:

@@ -185,7 +185,8 @@ def billed_usage(
         "priced_at_finder_interval_s": AWS_FINDER_INTERVAL_S,
         "finder_runs": {"here": finder_runs[0], "priced": finder_runs[1]},
         "per_task": {unit: round(value, 3) for unit, value in per_task.items()},
-        # the table's and each index's (`index:<name>`), as DynamoDB Local bills them
+        # the table's and each index's (`index:<name>`), as DynamoDB Local bills them; of
+        # the table's, a flow's items' too (`flow:ledger`, `flow:leases`)
         "write_units_per_task": {
             name: round(units / tasks, 3) for name, units in sorted(write_units.items()) if units
         },
