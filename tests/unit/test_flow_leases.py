@@ -7,7 +7,7 @@ import boto3
 import pytest
 
 from tocsin import clock
-from tocsin.flow import Flow, Leases, NoLeaseInTime
+from tocsin.flow import LEASE_GRANT_MS, Flow, Leases, NoLeaseInTime
 
 FLOW = Flow(key="one-host", parallelism=1)
 
@@ -41,14 +41,14 @@ def test_a_lease_handed_to_a_send_as_it_gives_up_goes_on_at_once(table, monkeypa
 
     holding = threading.Thread(target=first_send)
     holding.start()
-    while not leases._held:
+    while not leases._busy:
         time.sleep(0.01)
     monkeypatch.setattr(Leases, "_turn", gives_up_as_the_first_ends)
     with pytest.raises(NoLeaseInTime), leases.sending(clock.now_ms(), clock.now_ms() + 100):
         pass
     holding.join()
     assert lease_held_until(table) == 0  # given back: free for any invocation's sends
-    assert leases._held == []
+    assert leases._busy == leases._idle == []
 
 
 def test_a_send_that_joins_the_line_late_goes_ahead_of_those_due_after_it(table):
@@ -66,7 +66,7 @@ def test_a_send_that_joins_the_line_late_goes_ahead_of_those_due_after_it(table)
 
     holder = threading.Thread(target=send, args=(now,))
     holder.start()
-    while not leases._held:
+    while not leases._busy:
         time.sleep(0.01)
     waiting = []
     for slot_ms in (now + 40, now + 20):  # the later one first
@@ -78,3 +78,38 @@ def test_a_send_that_joins_the_line_late_goes_ahead_of_those_due_after_it(table)
     for thread in (holder, *waiting):
         thread.join(10)
     assert order == [now, now + 20, now + 40]
+
+
+def lease_calls(leases: Leases) -> list[str]:
+    """The DynamoDB calls the leases make, by name, as they are made."""
+    calls: list[str] = []
+    leases._table.meta.client.meta.events.register(
+        "before-call.dynamodb", lambda model, **_: calls.append(model.name)
+    )
+    return calls
+
+
+def test_a_run_of_sends_takes_a_lease_once_and_none_ahead_of_its_place(table):
+    """Five sends of one invocation in line, their places 30 ms apart: the lease taken for
+    the first is kept idle for the next and given back after the last, one read and two
+    writes in all (not one of each a send); and no send has it before its place, where it
+    would keep the flow's sends from the receiver while it waits."""
+    leases = Leases(table, FLOW, "invocation-1", clock.now_ms() + 60_000)
+    calls = lease_calls(leases)
+    start = clock.now_ms() + 100
+    places, had = [start + 30 * i for i in range(5)], {}
+
+    def send(place_ms: int) -> None:
+        with leases.sending(place_ms, place_ms + 10_000) as free_ms:
+            had[place_ms] = free_ms
+            time.sleep(0.005)
+
+    threads = [threading.Thread(target=send, args=(place,)) for place in places]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert sorted(had) == places
+    assert all(had[place] >= place - LEASE_GRANT_MS for place in places)
+    assert calls == ["BatchGetItem", "UpdateItem", "UpdateItem"]
+    assert lease_held_until(table) == 0  # given back after the last
