@@ -4,6 +4,7 @@ invocation at once; none fires early, none is lost or sent twice, and each delay
 
 import itertools
 import json
+import threading
 import time
 from collections import Counter
 from dataclasses import replace
@@ -24,6 +25,7 @@ from tests.conftest import (
 from tests.integration.test_exactly_once import tables
 from tests.integration.test_letting_go import refusal, watched_executor
 from tocsin import aws, clock, gate
+from tocsin.flow import spacing_us
 from tocsin.measure import most_within
 from tocsin.settings import settings
 
@@ -90,6 +92,7 @@ def test_tasks_due_together_fire_at_their_flow_s_rate_in_due_order_none_early(ru
     assert slots[0] >= due and all(b - a >= 260 for a, b in itertools.pairwise(slots))
     for task in tasks:  # lateness counts the hold (from its invocation's coming, if later)
         assert fired(task) >= slot(task) and 0 <= int(task["held_ms"]) <= fired(task) - due
+        assert int(task["held_ms"]) >= slot(task) - due - 200  # not from when it prepared
         assert fired(task) == ms(task["fired_at"])
     arrivals = receiver.received()
     assert Counter(a.task_id for a in arrivals) == Counter(ids)
@@ -98,14 +101,15 @@ def test_tasks_due_together_fire_at_their_flow_s_rate_in_due_order_none_early(ru
 
 
 def test_sends_that_go_late_take_later_slots_and_keep_to_the_rate(runtime, receiver):
-    """A busy CPU lets one gate in three go 150 ms late: such a send takes the flow's next
-    slot rather than bunching up with the next on time, so no second holds more than the
-    rate's 5 sends, where they leave or where they arrive."""
+    """A busy CPU lets one gate in three go 150 ms late (the wire's, which lets requests
+    go): such a send takes the flow's next slot rather than bunching up with the next on
+    time, so no second holds more than the rate's 5 sends, where they leave or where they
+    arrive."""
     calls, wait_until = itertools.count(), gate.wait_until
 
     def late_now_and_then(due_ms: int) -> int:
         fired_ms = wait_until(due_ms)
-        if next(calls) % 3 == 0:
+        if threading.current_thread().name == "wire" and next(calls) % 3 == 0:
             time.sleep(0.15)
             return clock.now_ms()
         return fired_ms
@@ -118,6 +122,32 @@ def test_sends_that_go_late_take_later_slots_and_keep_to_the_rate(runtime, recei
     assert all(fired(t) >= slot(t) >= due for t in tasks)
     assert most_within([fired(t) for t in tasks], 1000) <= 5
     assert most_within([a.arrival_ms for a in receiver.received()], 1000) <= 5
+    assert Counter(a.task_id for a in receiver.received()) == Counter(ids)
+
+
+def test_a_send_late_for_its_slot_holds_no_lease_while_it_waits_for_another(runtime, receiver):
+    """Five tasks due together, each its own invocation, through a flow of rate 5 and one
+    lease: the first send's gate goes 150 ms late, so it takes the flow's next free slot,
+    after the four others'. It waits for that slot without the lease, and the four go in
+    their planned slots; holding the lease, it had made each of them late for its slot in
+    turn, and each had taken another."""
+    calls, wait_until = itertools.count(), gate.wait_until
+
+    def first_gate_late(due_ms: int) -> int:
+        fired_ms = wait_until(due_ms)
+        if threading.current_thread().name == "wire" and next(calls) == 0:
+            time.sleep(0.15)
+            return clock.now_ms()
+        return fired_ms
+
+    due = clock.now_ms() + 2500
+    ids = [f"w{i}" for i in range(5)]
+    with mock.patch.object(gate, "wait_until", first_gate_late):
+        submitted(runtime, receiver.url, due, ids, rate=5, parallelism=1)
+        tasks = ended(ids)
+    planned_ms = [due + k * spacing_us(5) // 1000 for k in range(5)]
+    slots = sorted(slot(t) for t in tasks)
+    assert slots[:4] == planned_ms[1:] and slots[4] > planned_ms[4]
     assert Counter(a.task_id for a in receiver.received()) == Counter(ids)
 
 
@@ -191,6 +221,32 @@ def test_sends_on_time_in_their_planned_slots_write_nothing_more_to_their_flow_s
     assert len(plans) == 1
     assert len(moved) < len(tasks)  # most in the slots planned
     assert len(ledger) - len(plans) <= 2 * 2 * len(moved)
+    assert Counter(a.task_id for a in receiver.received()) == Counter(ids)
+
+
+@pytest.mark.moto_tables  # the DynamoDB process's journal of writes
+def test_an_invocation_that_comes_late_plans_its_slots_ahead_of_it(runtime, receiver):
+    """Eight tasks of one flow (rate 10) a second overdue when their batch's invocation
+    claims them: it plans their slots from when it can send, not from their due time, so
+    each send goes in its slot and the ledger has the plan's one write (and a send late
+    for its slot on a busy CPU one or two more). Slots planned from the due time were all
+    past: each send was late for its own, and took another."""
+    runtime.dynamodb.keep_journal()
+    due = clock.now_ms() - 1000
+    ids = [f"o{i}" for i in range(8)]
+    for task_id in ids:
+        store_task(flowing(receiver.url, due, task_id, rate=10))
+    assert runtime.run_finder()["executions"] == 1
+    tasks = ended(ids)
+    ledger = [
+        write["body"]
+        for write in runtime.dynamodb.journal()
+        if write["action"] == "UpdateItem"
+        and write["body"]["Key"]["task_id"]["S"].startswith("~flow:rate:")
+    ]
+    slots = sorted(slot(t) for t in tasks)
+    assert all(b - a >= 104 for a, b in itertools.pairwise(slots))
+    assert len(ledger) <= 3
     assert Counter(a.task_id for a in receiver.received()) == Counter(ids)
 
 
