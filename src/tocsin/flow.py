@@ -19,8 +19,8 @@ of that key, across every executor invocation at once.
     used is a gap, never a burst.
 * `parallelism`: at most that many sends in flight at once. Each key has that many lease
   items; a send takes one at its place (its invocation's, if one is idle there) and its
-  invocation keeps it for its next sends in line, or gives it back at once when none
-  waits (`Leases`). A lease ends with its invocation, so one that dies holds none past
+  invocation keeps it for its next send in line if that one is due at once, else gives
+  it back (`Leases`). A lease ends with its invocation, so one that dies holds none past
   its time.
 
 A task that names no flow reads and writes none of this.
@@ -263,11 +263,12 @@ class Leases:
     late goes ahead of a send due after it). The first in line gets a lease at its place
     (LEASE_GRANT_MS before it): one this invocation holds idle, else one it reads the items
     for, LEASE_LOOK_MS before its place so that the read and the write are done by then. A
-    send done keeps its lease idle for the sends in line, and gives it back at once when
-    none is: so an invocation's run of sends takes a lease once, not once a send (a read
-    and two writes each had bound the flow below its rate), and holds none while it has no
-    send coming. A lease is never handed out ahead of its send's place: held through a
-    wait, it would keep the key's other sends from the receiver.
+    send done keeps its lease idle for the next in line if that one's place is as near,
+    else gives it back at once: so an invocation's run of sends takes a lease once, not
+    once a send (a read and two writes each had bound the flow below its rate), and holds
+    none that another invocation's sends, due before its own next, could use. A lease is
+    never handed out ahead of its send's place: held through a wait, it would keep the
+    key's other sends from the receiver.
 
     Only the first in line reads the items, and it alone waits on a timer; the others sleep
     until a lease is theirs (or their time is up). Thousands of sends waiting, each woken
@@ -316,8 +317,9 @@ class Leases:
 
     def _turn(self, me: _Waiter, by_ms: int) -> bool:
         """True once `me` holds a lease; else one look for free ones made (first in line,
-        its place near, no lease idle, no look under way, its pause over) or one wait: for
-        its place or its next look if first in line, else until woken or `by_ms`."""
+        its place near, no lease idle, not every lease this invocation's, no look under
+        way, its pause over) or one wait: for its place or its next look if first in line,
+        else until woken or `by_ms`."""
         with self._lock:
             if me.granted:
                 return True
@@ -329,13 +331,15 @@ class Leases:
                 return True
             first = self._line[0] is me
             look_ms = max(self._next_look_ms, me.place_ms - LEASE_LOOK_MS)
-            looks = first and not self._idle and not self._looking and now >= look_ms
+            all_ours = len(self._busy) == len(self._items)  # none to find: one will end
+            looks = first and not self._idle and not self._looking and not all_ours
+            looks = looks and now >= look_ms
             if looks:
                 self._looking = True
                 wanted = sum(w.place_ms - LEASE_LOOK_MS <= now for w in self._line)
                 held = {item["task_id"] for item in self._busy + self._idle}
             else:
-                if not first or self._looking:
+                if not first or self._looking or all_ours:
                     until_ms = by_ms
                 elif self._idle:
                     until_ms = min(me.place_ms - LEASE_GRANT_MS, by_ms)
@@ -386,9 +390,10 @@ class Leases:
         self._wake_first()
 
     def _spare(self) -> list[dict[str, str]]:
-        """The idle leases, out of this invocation's hands, when no send waits for one
-        (under the lock): to give back."""
-        if self._line:
+        """The idle leases, out of this invocation's hands, when no send in line has its
+        place within LEASE_LOOK_MS (under the lock): to give back, for other invocations'
+        sends due before that."""
+        if self._line and self._line[0].place_ms - LEASE_LOOK_MS <= clock.now_ms():
             return []
         spare, self._idle = self._idle, []
         return spare

@@ -89,15 +89,10 @@ def lease_calls(leases: Leases) -> list[str]:
     return calls
 
 
-def test_a_run_of_sends_takes_a_lease_once_and_none_ahead_of_its_place(table):
-    """Five sends of one invocation in line, their places 30 ms apart: the lease taken for
-    the first is kept idle for the next and given back after the last, one read and two
-    writes in all (not one of each a send); and no send has it before its place, where it
-    would keep the flow's sends from the receiver while it waits."""
-    leases = Leases(table, FLOW, "invocation-1", clock.now_ms() + 60_000)
-    calls = lease_calls(leases)
-    start = clock.now_ms() + 100
-    places, had = [start + 30 * i for i in range(5)], {}
+def sends_in_line(leases: Leases, places: list[int]) -> dict[int, int]:
+    """A send at each place, all in line at once, each holding its lease 5 ms: when each
+    had it."""
+    had = {}
 
     def send(place_ms: int) -> None:
         with leases.sending(place_ms, place_ms + 10_000) as free_ms:
@@ -109,7 +104,30 @@ def test_a_run_of_sends_takes_a_lease_once_and_none_ahead_of_its_place(table):
         thread.start()
     for thread in threads:
         thread.join(10)
+    return had
+
+
+def test_a_run_of_sends_takes_a_lease_once_and_none_ahead_of_its_place(table):
+    """Five sends of one invocation in line, their places 15 ms apart: the lease taken for
+    the first is kept idle for the next and given back after the last, one read and two
+    writes in all (not one of each a send); and no send has it before its place, where it
+    would keep the flow's sends from the receiver while it waits."""
+    leases = Leases(table, FLOW, "invocation-1", clock.now_ms() + 60_000)
+    calls = lease_calls(leases)
+    start = clock.now_ms() + 100
+    places = [start + 15 * i for i in range(5)]
+    had = sends_in_line(leases, places)
     assert sorted(had) == places
     assert all(had[place] >= place - LEASE_GRANT_MS for place in places)
     assert calls == ["BatchGetItem", "UpdateItem", "UpdateItem"]
     assert lease_held_until(table) == 0  # given back after the last
+
+
+def test_a_lease_is_not_kept_for_a_send_not_due_soon(table):
+    """Two sends in line 300 ms apart: the lease goes back between them, for another
+    invocation's sends due meanwhile, and is taken again for the second."""
+    leases = Leases(table, FLOW, "invocation-1", clock.now_ms() + 60_000)
+    calls = lease_calls(leases)
+    start = clock.now_ms() + 100
+    assert sorted(sends_in_line(leases, [start, start + 300])) == [start, start + 300]
+    assert calls == ["BatchGetItem", "UpdateItem", "UpdateItem"] * 2
