@@ -7,8 +7,10 @@ import json
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -100,23 +102,29 @@ def test_tasks_due_together_fire_at_their_flow_s_rate_in_due_order_none_early(ru
     assert most_within([fired(t) for t in tasks], 1000) == 4
 
 
+def wire_gates_late(late: Callable[[int], bool]) -> Any:
+    """The wire's gates (which let requests go) 150 ms late where `late` says, by their
+    order: a busy CPU."""
+    calls, wait_until = itertools.count(), gate.wait_until
+
+    def late_now_and_then(due_ms: int) -> int:
+        fired_ms = wait_until(due_ms)
+        if threading.current_thread().name == "wire" and late(next(calls)):
+            time.sleep(0.15)
+            return clock.now_ms()
+        return fired_ms
+
+    return mock.patch.object(gate, "wait_until", late_now_and_then)
+
+
 def test_sends_that_go_late_take_later_slots_and_keep_to_the_rate(runtime, receiver):
     """A busy CPU lets one gate in three go 150 ms late (the wire's, which lets requests
     go): such a send takes the flow's next slot rather than bunching up with the next on
     time, so no second holds more than the rate's 5 sends, where they leave or where they
     arrive."""
-    calls, wait_until = itertools.count(), gate.wait_until
-
-    def late_now_and_then(due_ms: int) -> int:
-        fired_ms = wait_until(due_ms)
-        if threading.current_thread().name == "wire" and next(calls) % 3 == 0:
-            time.sleep(0.15)
-            return clock.now_ms()
-        return fired_ms
-
     due = clock.now_ms() + 2500
     ids = [f"l{i}" for i in range(12)]
-    with mock.patch.object(gate, "wait_until", late_now_and_then):
+    with wire_gates_late(lambda call: call % 3 == 0):
         submitted(runtime, receiver.url, due, ids, rate=5)
         tasks = ended(ids)
     assert all(fired(t) >= slot(t) >= due for t in tasks)
@@ -131,18 +139,9 @@ def test_a_send_late_for_its_slot_holds_no_lease_while_it_waits_for_another(runt
     after the four others'. It waits for that slot without the lease, and the four go in
     their planned slots; holding the lease, it had made each of them late for its slot in
     turn, and each had taken another."""
-    calls, wait_until = itertools.count(), gate.wait_until
-
-    def first_gate_late(due_ms: int) -> int:
-        fired_ms = wait_until(due_ms)
-        if threading.current_thread().name == "wire" and next(calls) == 0:
-            time.sleep(0.15)
-            return clock.now_ms()
-        return fired_ms
-
     due = clock.now_ms() + 2500
     ids = [f"w{i}" for i in range(5)]
-    with mock.patch.object(gate, "wait_until", first_gate_late):
+    with wire_gates_late(lambda call: call == 0):
         submitted(runtime, receiver.url, due, ids, rate=5, parallelism=1)
         tasks = ended(ids)
     planned_ms = [due + k * spacing_us(5) // 1000 for k in range(5)]

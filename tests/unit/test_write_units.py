@@ -144,26 +144,19 @@ def test_size_rounds_up_per_kilobyte_and_a_transaction_doubles_the_table_and_ind
     ) == {"table": 4, "index": 8}  # as DynamoDB Local bills it (test_write_units_local)
 
 
-def test_a_flow_s_items_are_billed_to_the_table_and_shown_apart():
+def test_a_flow_s_items_are_billed_to_the_table_and_shown_apart(table):
     """What flow control writes (`flow:ledger`, `flow:leases`) is counted apart too, a
     share of the table's units: the bench's writes a send; a task's own are not."""
-    with mock_aws():
-        client = boto3.client("dynamodb", region_name="us-east-1")
-        client.create_table(
-            TableName="tasks",
-            KeySchema=[{"AttributeName": "task_id", "KeyType": "HASH"}],
-            AttributeDefinitions=[{"AttributeName": "task_id", "AttributeType": "S"}],
-            BillingMode="PAY_PER_REQUEST",
-        )
-        meter = Metering(dynamodb_backends["123456789012"]["us-east-1"])
-        for task_id in ("~flow:rate:one-host", "~flow:lease0:one-host", "a", "b"):
-            request = {
-                "TableName": "tasks",
-                "Key": {"task_id": {"S": task_id}},
-                "UpdateExpression": "SET n = :n",
-                "ExpressionAttributeValues": {":n": {"N": "1"}},
-            }
-            taken = meter.before("UpdateItem", request)
-            client.update_item(**request)
-            meter.after(taken, 200, "")
+    client = boto3.client("dynamodb", region_name="us-east-1")
+    meter = Metering(dynamodb_backends["123456789012"]["us-east-1"])
+    for task_id in ("~flow:rate:one-host", "~flow:lease0:one-host", "a", "b"):
+        request = {
+            "TableName": table,
+            "Key": {"task_id": {"S": task_id}},
+            "UpdateExpression": "SET n = :n",
+            "ExpressionAttributeValues": {":n": {"N": "1"}},
+        }
+        taken = meter.before("UpdateItem", request)
+        client.update_item(**request)
+        meter.after(taken, 200, "")
     assert meter.billed == {"table": 4, "flow:ledger": 1, "flow:leases": 1}
