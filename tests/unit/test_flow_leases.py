@@ -5,6 +5,7 @@ import time
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 
 from tocsin import clock
 from tocsin.flow import LEASE_GRANT_MS, Flow, Leases, NoLeaseInTime
@@ -131,3 +132,50 @@ def test_a_lease_is_not_kept_for_a_send_not_due_soon(table):
     start = clock.now_ms() + 100
     assert sorted(sends_in_line(leases, [start, start + 300])) == [start, start + 300]
     assert calls == ["BatchGetItem", "UpdateItem", "UpdateItem"] * 2
+
+
+def leases_held(table: str, holders: dict[str, tuple[str, int]]) -> None:
+    """Lease items as other invocations left them: `lease<i>` held by a holder until a time."""
+    items = boto3.resource("dynamodb").Table(table)
+    for part, (holder, until_ms) in holders.items():
+        items.put_item(
+            Item={"task_id": f"~flow:{part}:one-host", "holder": holder, "until_ms": until_ms}
+        )
+
+
+def test_a_send_takes_a_lease_whose_holder_s_time_is_over_not_one_still_held(table):
+    """Of two leases, one held by another invocation until a minute from now and one whose
+    holder's time is over, a send takes the second, in one write, and leaves the first
+    alone; the lease item it takes says whose it is until when, and lives two days past
+    that (TTL deletes an idle key's)."""
+    now = clock.now_ms()
+    leases_held(table, {"lease0": ("another", now + 60_000), "lease1": ("another", now - 1)})
+    until_ms = now + 30_000
+    leases = Leases(table, Flow(key="one-host", parallelism=2), "invocation-1", until_ms)
+    calls = lease_calls(leases)
+    items = boto3.resource("dynamodb").Table(table)
+    with leases.sending(now, now + 1000):
+        taken = items.get_item(Key={"task_id": "~flow:lease1:one-host"})["Item"]
+        assert calls == ["BatchGetItem", "UpdateItem"]
+    assert taken["holder"] == "invocation-1" and taken["until_ms"] == until_ms
+    assert taken["expires_at"] == until_ms // 1000 + 2 * 86_400
+    other = items.get_item(Key={"task_id": "~flow:lease0:one-host"})["Item"]
+    assert (other["holder"], other["until_ms"]) == ("another", now + 60_000)
+
+
+def test_a_lease_the_table_will_not_take_back_fails_no_send(table):
+    """The table refuses the give-back (a throttle, after botocore's retries): the send
+    that held the lease is not failed, and the lease ends with its invocation's time."""
+    leases = Leases(table, FLOW, "invocation-1", clock.now_ms() + 60_000)
+
+    def refuse_the_give_back(params: dict, **_: object) -> None:
+        if params.get("UpdateExpression") == "SET until_ms = :over":
+            error = {"Error": {"Code": "ProvisionedThroughputExceededException"}}
+            raise ClientError(error, "UpdateItem")
+
+    leases._table.meta.client.meta.events.register(
+        "before-parameter-build.dynamodb.UpdateItem", refuse_the_give_back
+    )
+    with leases.sending(clock.now_ms(), clock.now_ms() + 1000):
+        pass
+    assert lease_held_until(table) > clock.now_ms()
