@@ -179,3 +179,40 @@ def test_a_lease_the_table_will_not_take_back_fails_no_send(table):
     with leases.sending(clock.now_ms(), clock.now_ms() + 1000):
         pass
     assert lease_held_until(table) > clock.now_ms()
+
+
+def test_a_send_takes_one_lease_of_many_and_two_at_once_take_two(table):
+    """Three leases: a send alone takes one (one write), not every free one; a second send
+    while the first holds its lease reads the items again and takes another, passing over
+    the one its invocation holds."""
+    leases = Leases(
+        table, Flow(key="one-host", parallelism=3), "invocation-1", clock.now_ms() + 60_000
+    )
+    calls = lease_calls(leases)
+    now = clock.now_ms()
+    with leases.sending(now, now + 1000):
+        assert calls == ["BatchGetItem", "UpdateItem"]
+        with leases.sending(now, now + 1000):
+            assert calls == ["BatchGetItem", "UpdateItem"] * 2
+            assert len({item["task_id"] for item in leases._busy}) == 2
+
+
+def test_a_look_the_table_refuses_is_logged_and_made_again(table, caplog):
+    """The leases' read fails (a throttle, after botocore's retries): it is logged with the
+    key and the fault's name, and the send looks again after a pause, and gets its lease."""
+    leases = Leases(table, FLOW, "invocation-1", clock.now_ms() + 60_000)
+    refusals = iter([True])
+
+    def refuse_the_first_read(**_: object) -> None:
+        if next(refusals, False):
+            error = {"Error": {"Code": "ProvisionedThroughputExceededException"}}
+            raise ClientError(error, "BatchGetItem")
+
+    leases._table.meta.client.meta.events.register(
+        "before-parameter-build.dynamodb.BatchGetItem", refuse_the_first_read
+    )
+    with leases.sending(clock.now_ms(), clock.now_ms() + 5000):
+        assert lease_held_until(table) > clock.now_ms()
+    [logged] = [r for r in caplog.records if r.getMessage() == "flow leases not read"]
+    assert logged.levelname == "WARNING"
+    assert (logged.key, logged.fault) == ("one-host", "ClientError")  # type: ignore[attr-defined]
