@@ -100,19 +100,19 @@ class _Turn:
     flow lets it go. The flow's needs are held for the send: a lease of its flow if it
     limits sends in flight, and a slot of its flow's rate. A first attempt goes in the
     slot its plan took for it (`plan_flows`: one write for the invocation's tasks of a
-    flow), writing nothing more; a retry, or a send that comes later than SLOT_SLACK_MS
-    past its slot, takes the flow's next free one (`RateLedger.ticket`: one write)
-    before it waits for a lease, which a lease held through that wait would keep from
-    the flow's other sends. A send whose lease or gate comes that late takes another
-    as it holds its lease, a moment ahead (the write done by then), so that it goes
-    close to it; a lease let go and waited for again could come late again, and taking a
-    slot for each would move the flow's slots ahead faster than its sends (at 5,000
-    tasks: 17,577 slots taken, 8 sends made). A lease not had by `lease_by_ms`, or a slot
-    past it, hands the task on (`HandOn`), for a send then could not end in this
-    invocation's time. A request the wire would write late for such a slot is not
-    written: it takes one more, and goes in that however late: on a CPU so busy that
-    gates miss their slots again and again, taking a slot for each miss would move the
-    flow's slots ahead faster than its sends, and no send would go.
+    flow), writing nothing more; a retry, or a send that comes (or whose lease comes)
+    later than SLOT_SLACK_MS past its slot, takes the flow's next free one
+    (`RateLedger.ticket`: one write) before it waits for a lease, which a lease held
+    through that wait would keep from the flow's other sends; written late, it would
+    bunch with the sends in the slots after it. A lease not had by `lease_by_ms`, or a
+    slot past it, hands the task on (`HandOn`), for a send then could not end in this
+    invocation's time. A request the wire would write late for its slot is not written:
+    it takes one more, a moment ahead (the write done by then). What is late for a second
+    slot (its lease or its gate) goes in it however late: on a CPU so busy that gates
+    miss their slots again and again, or with leases so scarce that they come late,
+    taking a slot for each miss would move the flow's slots ahead faster than its sends,
+    and no send would go (`tocsin bench --scenarios flow`, 5,000 tasks: 17,577 slots taken,
+    8 sends made).
 
     It keeps the millisecond its request was written, the slot it went in, and how long
     its flow held it: from its due time (or its coming, if later: an invocation that comes
@@ -146,28 +146,24 @@ class _Turn:
             with _leased(task, task.fires_ms, self.lease_by_ms, place_ms) as free_ms:
                 ready_ms = max(task.fires_ms, free_ms, came_ms)
                 return self._written(sent, ready_ms, None, ready_ms - came_ms)
-        slot_ms = task.fires_ms  # a first attempt's: its plan's
-        if not self.planned or clock.now_ms() > slot_ms + SLOT_SLACK_MS:  # none, or late
-            slot_ms = self._slot(max(task.fires_ms, clock.now_ms()))
-        with _leased(task, slot_ms, self.lease_by_ms, slot_ms) as free_ms:
-            if free_ms <= slot_ms + SLOT_SLACK_MS:
-                done = self._written(sent, slot_ms, SLOT_SLACK_MS, max(0, slot_ms - came_ms))
-                if not done.missed:
-                    return done
-            ready_ms = max(free_ms, clock.now_ms())  # late for it: slots just ahead, leased
-            for last_try in (False, True):
-                slot_ms = self._slot(ready_ms)
-                slack_ms = None if last_try else SLOT_SLACK_MS
-                done = self._written(sent, slot_ms, slack_ms, max(0, slot_ms - came_ms))
-                if not done.missed:
-                    return done
-                # The last try goes however late: its slot well ahead, so that it is on time.
-                ready_ms = clock.now_ms() + TICKET_AHEAD_MS
+        slot_ms, own = task.fires_ms, self.planned  # a first attempt's: its plan's
+        for last_try in (False, True):
+            if not own or clock.now_ms() > slot_ms + SLOT_SLACK_MS:  # the last: well ahead,
+                ahead_ms = TICKET_AHEAD_MS if last_try else 0  # so that it is on time
+                slot_ms = self._slot(max(task.fires_ms, clock.now_ms() + ahead_ms))
+            own = False  # late for its slot (its lease or its gate): one more, once
+            with _leased(task, slot_ms, self.lease_by_ms, slot_ms) as free_ms:
+                if last_try or free_ms <= slot_ms + SLOT_SLACK_MS:
+                    slack_ms = None if last_try else SLOT_SLACK_MS  # the last however late
+                    done = self._written(sent, slot_ms, slack_ms, max(0, slot_ms - came_ms))
+                    if not done.missed:
+                        return done
         raise AssertionError("unreachable")
 
     def _slot(self, ready_ms: int) -> int:
-        """A slot of its own for a send ready at `ready_ms` (`_ticket`); one past what
-        this invocation can wait for hands the task on."""
+        """A slot of its own for a send ready at `ready_ms` (`_ticket`), taken before its
+        lease: a lease held through the wait for a slot kept the flow's other sends from
+        the receiver. A slot past what this invocation can wait for hands the task on."""
         gate.wait_until(ready_ms - TICKET_AHEAD_MS)
         ready_ms = max(ready_ms, clock.now_ms() + self.task.ledger.lead_ms())  # type: ignore[union-attr]
         slot_ms = _ticket(self.task, ready_ms)
