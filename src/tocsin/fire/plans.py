@@ -19,20 +19,16 @@ from tocsin.observability import logger
 from tocsin.settings import settings
 from tocsin.store import Holder, TaskStore
 
-PLAN_LEAD_MS = 50  # past the slots' writes, for a send to prepare and reach its gate
-
 
 def plan_flows(
-    store: TaskStore, held: list[Held], holder: Holder, deadline_ms: int, claims_ms: int
+    store: TaskStore, held: list[Held], holder: Holder, deadline_ms: int
 ) -> tuple[list[Held], list[Held]]:
     """Give each claimed task of a flow with a rate its slot (`tocsin.flow`), all of one
     flow's in one write to its ledger, earliest due first; a task that keeps a slot from an
     earlier claim keeps it. A slot later than the task's due time is written on the task;
     one later than this invocation can wait for (a send must be able to end by
     `deadline_ms`) is handed on, for an execution that wakes for it. The tasks to fire
-    now, with their slots and their flows' leases, and those handed on. No slot is before
-    the first send can be ready: the slots' writes take about as long as the claims took
-    (`claims_ms`), and a send that comes late for its slot takes another. A write that
+    now, with their slots and their flows' leases, and those handed on. A write that
     cannot be made in time lets go of every task and raises TableUnavailable, as a
     claim's does."""
     ledger = RateLedger(store.table_name)
@@ -42,13 +38,11 @@ def plan_flows(
         if isinstance(task, ClaimedTask) and task.flow and task.flow.rate and not task.planned_ms:
             unplanned.setdefault(task.flow, []).append(i)
     later: dict[int, int] = {}  # the slots later than their tasks' due times
-    soonest_ms = clock.now_ms() + claims_ms + PLAN_LEAD_MS
     try:
         for flow, members in unplanned.items():
             members.sort(key=lambda i: held[i].asked.due_ms)
             dues = [held[i].asked.due_ms for i in members]
-            ready = [max(due_ms, soonest_ms) for due_ms in dues]
-            slots = written(flow.key, deadline_ms, lambda: ledger.plan(flow, ready))  # noqa: B023
+            slots = written(flow.key, deadline_ms, lambda: ledger.plan(flow, dues))  # noqa: B023
             later |= {i: s for i, s, due in zip(members, slots, dues, strict=True) if s > due}
         handed_on = _write_slots(store, held, holder, later, deadline_ms)
     except TableUnavailable:

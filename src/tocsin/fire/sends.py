@@ -69,14 +69,13 @@ def sends(held: list[Held]) -> list[list[Held]]:
 
 
 def _deliver(
-    tasks: list[ClaimedTask], lease_by_ms: int, attempts: int, came_ms: int
+    tasks: list[ClaimedTask], lease_by_ms: int, attempts: int
 ) -> tuple["_Turn", list[Answer]]:
     """Build the call's request whole, then have the wire write it at its turn (its due
     millisecond, or its flow's slot and lease: `_Turn`; its first attempt here goes in its
-    plan's slot), as the invocation's `attempts`-th, which came at `came_ms`: the turn as
-    it went (when its request was written, in which slot, how long the flow held it), and
-    each task's answer."""
-    turn = _Turn(tasks[0], lease_by_ms, attempts == 1, came_ms)
+    plan's slot), as the invocation's `attempts`-th: the turn as it went (when its request
+    was written, in which slot, how long the flow held it), and each task's answer."""
+    turn = _Turn(tasks[0], lease_by_ms, attempts == 1)
     try:
         answers = _targets_own(_call, turn, tasks, attempts, turn=turn)
     except (PermanentTargetError, TransientTargetError) as error:  # for the whole call
@@ -85,13 +84,9 @@ def _deliver(
     return turn, answers
 
 
-# A send its flow holds past its due time prepares (resolves, connects) this long before
-# its slot: not seconds ahead, its connection idle meanwhile, nor all of an invocation's at
-# once, where the sends of the first slots would wait for the CPU behind the last ones'.
-PREPARE_AHEAD_MS = 250
-# A send that needs a lease of its flow joins its line this long before its gate: its
-# invocation keeps a lease idle for it as the send before it ends (`Leases`), rather than
-# giving it back and taking it again.
+# A send that needs a lease of its flow looks for one this long before its gate (a read and
+# a write of the key's lease items): a lease held through a long wait for a rate's slot
+# would keep it from the key's other sends.
 LEASE_AHEAD_MS = 100
 
 
@@ -100,28 +95,22 @@ class _Turn:
     flow lets it go. The flow's needs are held for the send: a lease of its flow if it
     limits sends in flight, and a slot of its flow's rate. A first attempt goes in the
     slot its plan took for it (`plan_flows`: one write for the invocation's tasks of a
-    flow), writing nothing more; a retry, or a send that comes (or whose lease comes)
-    later than SLOT_SLACK_MS past its slot, takes the flow's next free one
-    (`RateLedger.ticket`: one write) before it waits for a lease, which a lease held
-    through that wait would keep from the flow's other sends; written late, it would
-    bunch with the sends in the slots after it. A lease not had by `lease_by_ms`, or a
-    slot past it, hands the task on (`HandOn`), for a send then could not end in this
-    invocation's time. A request the wire would write late for its slot is not written:
-    it takes one more, a moment ahead (the write done by then). What is late for a second
-    slot (its lease or its gate) goes in it however late: on a CPU so busy that gates
-    miss their slots again and again, or with leases so scarce that they come late,
-    taking a slot for each miss would move the flow's slots ahead faster than its sends,
-    and no send would go (`tocsin bench --scenarios flow`, 5,000 tasks: 17,577 slots taken,
-    8 sends made).
+    flow), writing nothing more; a retry, or a send whose lease or gate comes later than
+    SLOT_SLACK_MS past its slot, takes the flow's next free one (`RateLedger.ticket`: one
+    write). A lease not had by `lease_by_ms`, or a slot past it, hands the task on
+    (`HandOn`), for a send then could not end in this invocation's time. A request the
+    wire would write late for its slot is not written: it takes one more, a moment ahead
+    (the write done by then), and goes in the last however late: on a CPU so busy that
+    gates miss their slots again and again, taking a slot for each miss would move the
+    flow's slots ahead faster than its sends, and no send would go.
 
     It keeps the millisecond its request was written, the slot it went in, and how long
     its flow held it: from its due time (or its coming, if later: an invocation that comes
     late is not its flow's doing, but one its flow handed it on to is) to its slot or
     lease."""
 
-    def __init__(self, task: ClaimedTask, lease_by_ms: int, planned: bool, came_ms: int):
+    def __init__(self, task: ClaimedTask, lease_by_ms: int, planned: bool):
         self.task, self.lease_by_ms, self.planned = task, lease_by_ms, planned
-        self.came_ms = task.due_ms if task.flow_held else max(task.due_ms, came_ms)
         self.went_ms = self.slot_ms = self.held_ms = 0
         self.raised: BaseException | None = None  # what the turn raised, not the target
 
@@ -140,36 +129,30 @@ class _Turn:
             raise
 
     def _send(self, sent: wire.Sent) -> wire.Sent:
-        task, came_ms = self.task, self.came_ms
-        if task.ledger is None:  # its lease at its due time, or a retry's at its coming
-            place_ms = task.fires_ms if self.planned else clock.now_ms()
-            with _leased(task, task.fires_ms, self.lease_by_ms, place_ms) as free_ms:
-                ready_ms = max(task.fires_ms, free_ms, came_ms)
+        task = self.task
+        came_ms = task.due_ms if task.flow_held else max(task.due_ms, clock.now_ms())
+        with _leased(task, task.fires_ms, self.lease_by_ms, self.planned) as free_ms:
+            ready_ms = max(task.fires_ms, free_ms, came_ms)
+            if task.ledger is None:
                 return self._written(sent, ready_ms, None, ready_ms - came_ms)
-        slot_ms, own = task.fires_ms, self.planned  # a first attempt's: its plan's
-        for last_try in (False, True):
-            if not own or clock.now_ms() > slot_ms + SLOT_SLACK_MS:  # the last: well ahead,
-                ahead_ms = TICKET_AHEAD_MS if last_try else 0  # so that it is on time
-                slot_ms = self._slot(max(task.fires_ms, clock.now_ms() + ahead_ms))
-            own = False  # late for its slot (its lease or its gate): one more, once
-            with _leased(task, slot_ms, self.lease_by_ms, slot_ms) as free_ms:
-                if last_try or free_ms <= slot_ms + SLOT_SLACK_MS:
-                    slack_ms = None if last_try else SLOT_SLACK_MS  # the last however late
-                    done = self._written(sent, slot_ms, slack_ms, max(0, slot_ms - came_ms))
-                    if not done.missed:
-                        return done
+            if self.planned and ready_ms <= task.fires_ms + SLOT_SLACK_MS:
+                slot_ms = task.fires_ms  # its plan's, already its own
+                done = self._written(sent, slot_ms, SLOT_SLACK_MS, max(0, slot_ms - came_ms))
+                if not done.missed:
+                    return done
+            gate.wait_until(ready_ms - TICKET_AHEAD_MS)
+            ready_ms = max(ready_ms, clock.now_ms() + task.ledger.lead_ms())  # if already due
+            for last_try in (False, True):
+                slot_ms = _ticket(task, ready_ms)
+                if slot_ms > self.lease_by_ms:  # a send then could not end in this time
+                    raise HandOn(slot_ms)
+                slack_ms = None if last_try else SLOT_SLACK_MS
+                done = self._written(sent, slot_ms, slack_ms, max(0, slot_ms - came_ms))
+                if not done.missed:
+                    return done
+                # The last try goes however late: its slot well ahead, so that it is on time.
+                ready_ms = clock.now_ms() + TICKET_AHEAD_MS
         raise AssertionError("unreachable")
-
-    def _slot(self, ready_ms: int) -> int:
-        """A slot of its own for a send ready at `ready_ms` (`_ticket`), taken before its
-        lease: a lease held through the wait for a slot kept the flow's other sends from
-        the receiver. A slot past what this invocation can wait for hands the task on."""
-        gate.wait_until(ready_ms - TICKET_AHEAD_MS)
-        ready_ms = max(ready_ms, clock.now_ms() + self.task.ledger.lead_ms())  # type: ignore[union-attr]
-        slot_ms = _ticket(self.task, ready_ms)
-        if slot_ms > self.lease_by_ms:  # a send then could not end in this time
-            raise HandOn(slot_ms)
-        return slot_ms
 
     def _written(
         self, sent: wire.Sent, at_ms: int, slack_ms: int | None, held_ms: int
@@ -194,16 +177,16 @@ def _ticket(task: ClaimedTask, ready_ms: int) -> int:
 
 
 @contextmanager
-def _leased(task: ClaimedTask, slot_ms: int, by_ms: int, place_ms: int) -> Iterator[int]:
+def _leased(task: ClaimedTask, slot_ms: int, by_ms: int, first: bool) -> Iterator[int]:
     """A lease of the task's flow held for its send in `slot_ms`, if it limits sends in
-    flight: the millisecond one was free (0 when it needs none). It waits in line at
-    `place_ms`: a send in a slot at its slot, however late the CPU woke its thread, so the
-    flow's sends go in due order; a retry without one at its coming, behind the sends due
-    by then."""
+    flight: the millisecond one was free (0 when it needs none). A first attempt waits in
+    line at its slot, however late the CPU woke its thread, so the flow's sends go in due
+    order; a retry at its coming, behind the sends due by then."""
     if task.leases is None:
         yield 0
         return
     gate.wait_until(slot_ms - LEASE_AHEAD_MS)
+    place_ms = slot_ms if first else clock.now_ms()
     try:
         with task.leases.sending(place_ms, by_ms) as free_ms:
             yield free_ms
@@ -250,7 +233,6 @@ def fire(tasks: list[ClaimedTask], deadline_ms: int) -> list[Fired | Failed | La
     killed mid-attempt may have acted unrecorded, and its retry would act again), else
     `Later`, RETRYING. Each task's outcome, in order."""
     due_ms, limit_ms = tasks[0].fires_ms, int(tasks[0].target.attempt_limit_s * 1000)
-    came_ms = clock.now_ms()  # a first attempt's coming: before it waits to prepare
     hold = tasks[0].hold  # a call's tasks share their host
     outcomes: dict[int, Fired | Failed | Later] = {}
     tries: list[list[Try]] = [list(task.tries_before) for task in tasks]
@@ -304,8 +286,6 @@ def fire(tasks: list[ClaimedTask], deadline_ms: int) -> list[Fired | Failed | La
         answers: dict[int, Answer] = {}
         for i in pending:
             if i not in prepared:
-                if tasks[i].fires_ms > tasks[i].due_ms:  # held past it by its flow
-                    gate.wait_until(tasks[i].fires_ms - PREPARE_AHEAD_MS)
                 try:
                     _targets_own(tasks[i].target.prepare)
                     prepared.add(i)
@@ -318,8 +298,7 @@ def fire(tasks: list[ClaimedTask], deadline_ms: int) -> list[Fired | Failed | La
         if ready:
             lease_by_ms = deadline_ms - limit_ms
             try:
-                coming_ms = came_ms if attempts == 1 else clock.now_ms()
-                went, sent = _deliver([tasks[i] for i in ready], lease_by_ms, attempts, coming_ms)
+                went, sent = _deliver([tasks[i] for i in ready], lease_by_ms, attempts)
             except HandOn:  # a flow's task, alone in its call
                 if attempts == 1:  # never sent here: it goes on with its attempts ahead
                     raise
