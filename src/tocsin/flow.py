@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tocsin import aws, clock
 from tocsin.batch_read import batch_read
 from tocsin.errors import Busy
+from tocsin.flow_keys import LEASE_PART, ledger_key
 from tocsin.observability import logger
 from tocsin.settings import MAX_FLOW_PARALLELISM, MAX_FLOW_RATE, settings
 
@@ -139,14 +140,6 @@ def slots(dues_ms: list[int], free_us: int, rate: int) -> tuple[list[int], int]:
     return planned, free_us
 
 
-LEDGER_PREFIX = "~flow:"  # no task id holds a `~`
-
-
-def _ledger_key(key: str, part: str) -> dict[str, str]:
-    """Not a task: one of a flow key's ledger items."""
-    return {"task_id": f"{LEDGER_PREFIX}{part}:{key}"}
-
-
 class RateLedger:
     """Each flow key's next free slot, on the Tasks table."""
 
@@ -180,7 +173,7 @@ class RateLedger:
                 condition, values = "free_us = :held", {":held": held_us}
             try:
                 self._table.update_item(
-                    Key=_ledger_key(flow.key, "rate"),
+                    Key=ledger_key(flow.key, "rate"),
                     UpdateExpression="SET free_us = :free, expires_at = :expires",
                     ConditionExpression=condition,
                     ExpressionAttributeValues={
@@ -210,7 +203,7 @@ class RateLedger:
     def _ticket(self, flow: Flow, ready_ms: int) -> int:
         assert flow.rate is not None
         spacing, ready_us = spacing_us(flow.rate), ready_ms * 1000
-        key = _ledger_key(flow.key, "rate")  # the plan's: one slot, one sender
+        key = ledger_key(flow.key, "rate")  # the plan's: one slot, one sender
         while True:
             added = self._table.update_item(
                 Key=key,
@@ -270,7 +263,7 @@ class Leases:
         self._table = self._dynamodb.Table(table_name)
         self._refused = self._table.meta.client.exceptions.ConditionalCheckFailedException
         self._flow, self._holder, self._until_ms = flow, holder, until_ms
-        self._items = [_ledger_key(flow.key, f"lease{i}") for i in range(flow.parallelism)]
+        self._items = [ledger_key(flow.key, f"{LEASE_PART}{i}") for i in range(flow.parallelism)]
         self._held: list[dict[str, str]] = []  # lease items this invocation holds
         self._line: deque[_Waiter] = deque()  # sends waiting for a lease, by their places
         self._looking = False  # the first in line reads the items now

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tocsin import clock
-from tocsin.flow import LEDGER_PREFIX
+from tocsin.flow_keys import part_of
 
 WINDOW_MS = 20  # about the longest a DynamoDB call holds the lock here, and then some
 ACTION_MS = 10  # after a gate lets go, its action (a webhook's request, say) goes first too
@@ -125,6 +125,4 @@ def _on_a_flows_ledger(request: dict[str, Any]) -> bool:
     keys = [body["Key"]] if "Key" in body else []
     for table in body.get("RequestItems", {}).values():
         keys += table.get("Keys", []) if isinstance(table, dict) else []
-    return bool(keys) and all(
-        key.get("task_id", {}).get("S", "").startswith(LEDGER_PREFIX) for key in keys
-    )
+    return bool(keys) and all(part_of(key) is not None for key in keys)

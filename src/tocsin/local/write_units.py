@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from tocsin.flow import LEDGER_PREFIX
+from tocsin.flow_keys import LEASE_PART, part_of
 
 KB = 1024
 WRITES = {"PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"}
@@ -120,10 +120,9 @@ def written_keys(action: str, body: dict[str, Any]) -> list[tuple[str, dict[str,
 def _flow_part(key: dict[str, Any]) -> str | None:
     """`flow:leases` or `flow:ledger` for an item of a flow's (`tocsin.flow`), whose units,
     of the table's, are shown apart too: what flow control writes a send."""
-    task_id = key.get("task_id", {}).get("S", "")
-    if not task_id.startswith(LEDGER_PREFIX):
+    if (part := part_of(key)) is None:
         return None
-    return "flow:leases" if task_id.startswith(f"{LEDGER_PREFIX}lease") else "flow:ledger"
+    return "flow:leases" if part.startswith(LEASE_PART) else "flow:ledger"
 
 
 def _key(written: dict[str, Any]) -> dict[str, Any]:
