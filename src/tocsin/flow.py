@@ -15,8 +15,9 @@ of that key, across every executor invocation at once.
     its slot (the CPU was busy), takes the next free slot (`RateLedger.ticket`: one
     atomic add) when it is ready, not long before, so an executor that falls behind takes
     none that others could use: late sends do not bunch up, and what reaches a receiver
-    in any second stays within the rate, whichever invocations send. A slot taken and not
-    used is a gap, never a burst.
+    in any second stays within the rate, whichever invocations send. No send goes later
+    than its slot allows: one late again takes a wide slot (`wide_slot`). A slot taken
+    and not used is a gap, never a burst.
 * `parallelism`: at most that many sends in flight at once. Each key has that many lease
   items; a send takes one (its invocation's, if one is free there) and its invocation
   hands it to its next send waiting for one, or gives it back at once (`Leases`). A
@@ -60,6 +61,11 @@ SLOT_SLACK_MS = 20
 JITTER_MS = 20
 # How long before its send is ready a send on time takes its slot: the write is done by then.
 TICKET_AHEAD_MS = 100
+# How late past its slot a send's last try may go (its CPU late for a slot twice): it takes
+# that long's slots at once (`wide_slot`), so that it goes late beside no other send; twice
+# as long as its gate was late before, if that is longer, up to LAST_SLACK_MAX_MS.
+LAST_SLACK_MS = 50
+LAST_SLACK_MAX_MS = 1000
 TICKET_WRITE_MS = 10  # a slot's write, as first guessed: then as the last ones took
 
 
@@ -140,6 +146,18 @@ def slots(dues_ms: list[int], free_us: int, rate: int) -> tuple[list[int], int]:
     return planned, free_us
 
 
+def wide_slot(rate: int, late_ms: int) -> tuple[int, int]:
+    """How many slots in a row a send's last try takes, its gate `late_ms` late for its
+    slot before, and how late past the first it may go: twice that (a CPU that late is
+    likely as late again), within LAST_SLACK_MS and LAST_SLACK_MAX_MS. No slot of another
+    send is nearer to it than to one of the last of them, so what reaches a receiver in
+    any second stays within the rate however late it goes within that."""
+    spacing = spacing_us(rate)
+    slack_ms = min(max(LAST_SLACK_MS, 2 * late_ms), LAST_SLACK_MAX_MS)
+    count = 1 + math.ceil((slack_ms - SLOT_SLACK_MS) * 1000 / spacing)
+    return count, SLOT_SLACK_MS + (count - 1) * spacing // 1000
+
+
 class RateLedger:
     """Each flow key's next free slot, on the Tasks table."""
 
@@ -187,22 +205,22 @@ class RateLedger:
             except self._refused as refused:
                 held_us = int(refused.response.get("Item", {}).get("free_us", {}).get("N", 0))
 
-    def ticket(self, flow: Flow, ready_ms: int) -> int:
-        """A slot for one send ready at `ready_ms` that has none (a retry, or late for its
-        planned one): the key's next free slot (one atomic add, which no other writer
-        makes fail), or `ready_ms` itself when the key's slots are behind it (the one
-        taken then is left unused, and the key's next slot moved on, conditionally). The
-        millisecond it starts."""
+    def ticket(self, flow: Flow, ready_ms: int, count: int = 1) -> int:
+        """`count` slots in a row for one send ready at `ready_ms` that has none (a retry,
+        or late for its planned one): the key's next free ones (one atomic add, which no
+        other writer makes fail), or from `ready_ms` itself when the key's slots are
+        behind it (those taken then are left unused, and the key's next slot moved on,
+        conditionally). The millisecond the first starts."""
         began = time.monotonic()
         try:
-            return self._ticket(flow, ready_ms)
+            return self._ticket(flow, ready_ms, count)
         finally:  # a race between two sends' updates is harmless: an average either way
             took_ms = (time.monotonic() - began) * 1000
             self._write_ms = 0.8 * self._write_ms + 0.2 * took_ms
 
-    def _ticket(self, flow: Flow, ready_ms: int) -> int:
+    def _ticket(self, flow: Flow, ready_ms: int, count: int) -> int:
         assert flow.rate is not None
-        spacing, ready_us = spacing_us(flow.rate), ready_ms * 1000
+        spacing, ready_us = count * spacing_us(flow.rate), ready_ms * 1000
         key = ledger_key(flow.key, "rate")  # the plan's: one slot, one sender
         while True:
             added = self._table.update_item(

@@ -4,10 +4,13 @@ invocation at once; none fires early, none is lost or sent twice, and each delay
 
 import itertools
 import json
+import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -97,27 +100,64 @@ def test_tasks_due_together_fire_at_their_flow_s_rate_in_due_order_none_early(ru
     assert most_within([fired(t) for t in tasks], 1000) == 4
 
 
-def test_sends_that_go_late_take_later_slots_and_keep_to_the_rate(runtime, receiver):
-    """A busy CPU lets one gate in three go 150 ms late: such a send takes the flow's next
-    slot rather than bunching up with the next on time, so no second holds more than the
-    rate's 5 sends, where they leave or where they arrive."""
+def wire_gates_late(late: Callable[[int], bool], late_s: float = 0.15) -> Any:
+    """The wire's gates (which let requests go) `late_s` late where `late` says, by their
+    order: a busy CPU."""
     calls, wait_until = itertools.count(), gate.wait_until
 
     def late_now_and_then(due_ms: int) -> int:
         fired_ms = wait_until(due_ms)
-        if next(calls) % 3 == 0:
-            time.sleep(0.15)
+        if threading.current_thread().name == "wire" and late(next(calls)):
+            time.sleep(late_s)
             return clock.now_ms()
         return fired_ms
 
+    return mock.patch.object(gate, "wait_until", late_now_and_then)
+
+
+def test_sends_that_go_late_take_later_slots_and_keep_to_the_rate(runtime, receiver):
+    """A busy CPU lets one gate in three go 150 ms late (the wire's, which lets requests
+    go): such a send takes the flow's next slot rather than bunching up with the next on
+    time, so no second holds more than the rate's 5 sends, where they leave or where they
+    arrive."""
     due = clock.now_ms() + 2500
     ids = [f"l{i}" for i in range(12)]
-    with mock.patch.object(gate, "wait_until", late_now_and_then):
+    with wire_gates_late(lambda call: call % 3 == 0):
         submitted(runtime, receiver.url, due, ids, rate=5)
         tasks = ended(ids)
     assert all(fired(t) >= slot(t) >= due for t in tasks)
     assert most_within([fired(t) for t in tasks], 1000) <= 5
     assert most_within([a.arrival_ms for a in receiver.received()], 1000) <= 5
+    assert Counter(a.task_id for a in receiver.received()) == Counter(ids)
+
+
+def test_sends_whose_every_gate_goes_late_keep_to_the_rate_in_wide_slots(runtime, receiver):
+    """A CPU so busy that every gate goes 400 ms late: each send misses its slot and the
+    next, and its last try takes slots enough for twice that (`wide_slot`), so that going
+    late again it goes beside no other send's. No second holds more than the rate's 5 (a
+    last try written however late had made 6), and each task is sent once."""
+    due = clock.now_ms() + 2500
+    ids = [f"c{i}" for i in range(12)]
+    with wire_gates_late(lambda call: True, late_s=0.4):
+        submitted(runtime, receiver.url, due, ids, rate=5)
+        tasks = ended(ids)
+    assert all(fired(t) >= slot(t) >= due for t in tasks)
+    assert most_within([fired(t) for t in tasks], 1000) <= 5
+    assert Counter(a.task_id for a in receiver.received()) == Counter(ids)
+
+
+def test_a_send_late_past_its_wide_slot_is_handed_on_not_written_then(runtime, receiver):
+    """One gate in three goes 1.2 s late, past the widest slot a last try takes (1 s): a
+    send late for its slots is not written beside the sends in the slots after them, but
+    handed on to an execution of its own, which sends it once."""
+    due = clock.now_ms() + 2500
+    ids = [f"w{i}" for i in range(12)]
+    with wire_gates_late(lambda call: call % 3 == 0, late_s=1.2):
+        submitted(runtime, receiver.url, due, ids, rate=5)
+        tasks = ended(ids)
+    assert any("h" in t["execution"].rsplit("-v1", 1)[1] for t in tasks)  # went on
+    assert all(fired(t) >= slot(t) >= due for t in tasks)
+    assert most_within([fired(t) for t in tasks], 1000) <= 5
     assert Counter(a.task_id for a in receiver.received()) == Counter(ids)
 
 

@@ -5,7 +5,19 @@ import json
 
 import pytest
 
-from tocsin.flow import JITTER_MS, SLOT_SLACK_MS, Flow, flow_of, slots, spacing_us
+from tocsin.flow import (
+    JITTER_MS,
+    LAST_SLACK_MAX_MS,
+    LAST_SLACK_MS,
+    SLOT_SLACK_MS,
+    Flow,
+    RateLedger,
+    flow_of,
+    slots,
+    spacing_us,
+    wide_slot,
+)
+from tocsin.measure import most_within
 from tocsin.settings import MAX_FLOW_RATE, settings
 
 
@@ -36,6 +48,33 @@ def test_the_ledger_s_free_slot_holds_back_a_task_due_before_it():
 def test_a_slot_between_milliseconds_is_rounded_up_never_down():
     planned, _ = slots([0, 0, 0, 0], 0, rate=3)  # 346.667 ms apart
     assert planned == [0, 347, 694, 1041]
+
+
+@pytest.mark.parametrize("rate", [1, 5, 10, 100, 500, MAX_FLOW_RATE])
+@pytest.mark.parametrize("late_ms", [0, 30, 400, 5000])
+def test_a_last_try_s_wide_slot_lets_it_go_late_within_the_rate(rate, late_ms):
+    """A last try's slots span twice its gate's lateness (within 50 ms and 1 s): in them
+    it may go that late, and the sends in the slots before and after them, each as late
+    as a slot allows, still make at most `rate` in any second."""
+    count, slack_ms = wide_slot(rate, late_ms)
+    assert slack_ms >= min(max(LAST_SLACK_MS, 2 * late_ms), LAST_SLACK_MAX_MS)
+    spacing = spacing_us(rate)
+    before = [i * spacing // 1000 + SLOT_SLACK_MS for i in range(rate)]  # late, as allowed
+    first_us = rate * spacing
+    after = [(first_us + (count + i) * spacing) // 1000 for i in range(rate)]  # on time
+    last_try = first_us // 1000 + slack_ms  # as late as its slots allow
+    assert most_within([*before, last_try, *after], 1000) <= rate
+
+
+def test_a_wide_ticket_takes_its_slots_in_a_row_from_the_ledger(table):
+    """Three slots for a last try: the next send's slot is three spacings on; behind the
+    ledger, the slots start at the send's ready time and are as many."""
+    ledger, flow = RateLedger(table), Flow(key="k", rate=4)  # 260 ms apart
+    assert ledger.ticket(flow, 10_000) == 10_000
+    assert ledger.ticket(flow, 10_000, count=3) == 10_260
+    assert ledger.ticket(flow, 10_000) == 11_040
+    assert ledger.ticket(flow, 20_000, count=2) == 20_000  # the ledger behind it
+    assert ledger.ticket(flow, 20_000) == 20_520
 
 
 @pytest.fixture

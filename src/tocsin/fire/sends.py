@@ -16,7 +16,7 @@ from tocsin.errors import PermanentTargetError, TransientTargetError
 from tocsin.fire import wire
 from tocsin.fire.batch import ClaimedTask, Failed, Held, Later
 from tocsin.fire.writes import TableUnavailable
-from tocsin.flow import SLOT_SLACK_MS, TICKET_AHEAD_MS, NoLeaseInTime
+from tocsin.flow import SLOT_SLACK_MS, TICKET_AHEAD_MS, NoLeaseInTime, wide_slot
 from tocsin.holds import HostHold, Park
 from tocsin.model import BATCH_ENTRIES
 from tocsin.observability import logger
@@ -100,9 +100,13 @@ class _Turn:
     write). A lease not had by `lease_by_ms`, or a slot past it, hands the task on
     (`HandOn`), for a send then could not end in this invocation's time. A request the
     wire would write late for its slot is not written: it takes one more, a moment ahead
-    (the write done by then), and goes in the last however late: on a CPU so busy that
-    gates miss their slots again and again, taking a slot for each miss would move the
-    flow's slots ahead faster than its sends, and no send would go.
+    (the write done by then), and then a last one, wide (`wide_slot`: slots enough for
+    twice as late as its gate last went, LAST_SLACK_MS at least), which it may go in up
+    to that late. On a CPU so busy that gates miss their slots again and again, taking
+    one slot for each miss would move the flow's slots ahead faster than its sends, and
+    no send would go; a last try written however late went beside the sends in the
+    slots after it (with every gate 400 ms late, 6 in a second at a rate of 5:
+    test_flow). Late even for that, the task is handed on.
 
     It keeps the millisecond its request was written, the slot it went in, and how long
     its flow held it: from its due time (or its coming, if later: an invocation that comes
@@ -138,21 +142,22 @@ class _Turn:
             if self.planned and ready_ms <= task.fires_ms + SLOT_SLACK_MS:
                 slot_ms = task.fires_ms  # its plan's, already its own
                 done = self._written(sent, slot_ms, SLOT_SLACK_MS, max(0, slot_ms - came_ms))
-                if not done.missed:
+                if not done.missed_ms:
                     return done
             gate.wait_until(ready_ms - TICKET_AHEAD_MS)
             ready_ms = max(ready_ms, clock.now_ms() + task.ledger.lead_ms())  # if already due
-            for last_try in (False, True):
-                slot_ms = _ticket(task, ready_ms)
-                if slot_ms > self.lease_by_ms:  # a send then could not end in this time
-                    raise HandOn(slot_ms)
-                slack_ms = None if last_try else SLOT_SLACK_MS
-                done = self._written(sent, slot_ms, slack_ms, max(0, slot_ms - came_ms))
-                if not done.missed:
-                    return done
-                # The last try goes however late: its slot well ahead, so that it is on time.
-                ready_ms = clock.now_ms() + TICKET_AHEAD_MS
-        raise AssertionError("unreachable")
+            slot_ms = _ticket(task, ready_ms, 1, self.lease_by_ms)
+            done = self._written(sent, slot_ms, SLOT_SLACK_MS, max(0, slot_ms - came_ms))
+            if not done.missed_ms:
+                return done
+            # Its CPU late for its slot again: its last try, well ahead, in slots enough for
+            # twice as late, so that even then it goes beside no other send.
+            count, slack_ms = wide_slot(task.flow.rate, done.missed_ms)  # type: ignore[union-attr, arg-type]
+            slot_ms = _ticket(task, clock.now_ms() + TICKET_AHEAD_MS, count, self.lease_by_ms)
+            done = self._written(sent, slot_ms, slack_ms, max(0, slot_ms - came_ms))
+            if done.missed_ms:  # written now, it could bunch with the sends after it
+                raise HandOn(clock.now_ms())
+            return done
 
     def _written(
         self, sent: wire.Sent, at_ms: int, slack_ms: int | None, held_ms: int
@@ -165,15 +170,20 @@ class _Turn:
         return done
 
 
-def _ticket(task: ClaimedTask, ready_ms: int) -> int:
-    """A slot of the task's flow's sends (`RateLedger.ticket`). The ledger's fault (a
-    throttle or a 5xx after botocore's retries) fails the invocation for Fire to retry it
-    (TableUnavailable): its other calls go on, this task is let go for the retry."""
+def _ticket(task: ClaimedTask, ready_ms: int, count: int, by_ms: int) -> int:
+    """`count` slots in a row of the task's flow's sends (`RateLedger.ticket`): when the
+    first starts. A slot past `by_ms` hands the task on (`HandOn`), for a send then could
+    not end in this invocation's time. The ledger's fault (a throttle or a 5xx after
+    botocore's retries) fails the invocation for Fire to retry it (TableUnavailable): its
+    other calls go on, this task is let go for the retry."""
     try:
-        return task.ledger.ticket(task.flow, ready_ms)  # type: ignore[arg-type, union-attr]
+        slot_ms = task.ledger.ticket(task.flow, ready_ms, count)  # type: ignore[arg-type, union-attr]
     except (BotoCoreError, ClientError) as fault:
         failure = f"{task.task_id}: its flow's ledger: {type(fault).__name__}"
         raise TableUnavailable(failure) from fault
+    if slot_ms > by_ms:
+        raise HandOn(slot_ms)
+    return slot_ms
 
 
 @contextmanager

@@ -148,7 +148,8 @@ class Sent:
     """A request to write at `fires_ms`, and what came of it: written at `written_ms` and
     answered (`answer`: its head, and its body if `whole_answer`); or its `failure` (the
     connection's, or no answer within `answer_within_s`); or not written, for its
-    connection was `dropped`, or it `missed` its millisecond by more than `slack_ms`."""
+    connection was `dropped`, or it missed its millisecond by more than `slack_ms` (by
+    `missed_ms`)."""
 
     connection: Connection
     head: bytes
@@ -162,7 +163,7 @@ class Sent:
     failure: str = field(default="", init=False)
     timed_out: bool = field(default=False, init=False)
     dropped: bool = field(default=False, init=False)
-    missed: bool = field(default=False, init=False)
+    missed_ms: int = field(default=0, init=False)  # how late its gate let it go, if too late
     stopped: BaseException | None = field(default=None, init=False)  # the runtime's stop
     _buffers: list[memoryview] = field(default_factory=list, init=False)
     _deadline: float = field(default=0.0, init=False)
@@ -260,7 +261,7 @@ class Wire:
         """Write what its socket takes of `sent` now: 1 if that is all of it (the rest goes
         as the socket takes it)."""
         if sent.slack_ms is not None and now_ms > sent.fires_ms + sent.slack_ms:
-            sent.missed = True
+            sent.missed_ms = now_ms - sent.fires_ms
             self._end(sent)
             return 0
         sent.written_ms = now_ms
