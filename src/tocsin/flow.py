@@ -388,13 +388,6 @@ class Leases:
         if was_first:
             self._wake_first()
 
-    def release(self) -> None:
-        """Give back every lease (the invocation ends)."""
-        with self._lock:
-            held, self._held = self._held, []
-        for key in held:
-            self._give_back(key)
-
     def _take(self, wanted: int, held: set[str]) -> list[dict[str, str]]:
         """Up to `wanted` of the lease items that are free (or whose holder's time is over),
         taken for this invocation."""

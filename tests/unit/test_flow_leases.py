@@ -1,13 +1,20 @@
-"""A flow's leases (`tocsin.flow.Leases`): a send that gives up waiting holds none."""
+"""A flow's leases (`tocsin.flow.Leases`): no more sends at once than its parallelism, a lease
+another invocation holds left to it, and a send that gives up waiting holds none."""
 
+import io
+import json
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError, EndpointConnectionError
 
 from tocsin import clock
-from tocsin.flow import Flow, Leases, NoLeaseInTime
+from tocsin.flow import LEASE_POLL_MAX_MS, LEASE_POLL_MS, Flow, Leases, NoLeaseInTime
+from tocsin.observability import logger
 
 FLOW = Flow(key="one-host", parallelism=1)
 
@@ -78,3 +85,264 @@ def test_a_send_that_joins_the_line_late_goes_ahead_of_those_due_after_it(table)
     for thread in (holder, *waiting):
         thread.join(10)
     assert order == [now, now + 20, now + 40]
+
+
+def lease_items(table: str, flow: Flow) -> list[dict]:
+    items = boto3.resource("dynamodb").Table(table)
+    keys = [{"task_id": f"~flow:lease{i}:{flow.key}"} for i in range(flow.parallelism or 0)]
+    return [items.get_item(Key=key).get("Item", {}) for key in keys]
+
+
+def held_by_another(table: str, flow: Flow, i: int, until_ms: int) -> None:
+    boto3.resource("dynamodb").Table(table).put_item(
+        Item={"task_id": f"~flow:lease{i}:{flow.key}", "holder": "other", "until_ms": until_ms}
+    )
+
+
+def test_no_more_sends_than_the_parallelism_hold_a_lease_at_once(table):
+    """Six sends at once through two leases: two at a time, each lease marked with its
+    holder and its end until it is given back."""
+    flow = Flow(key="two", parallelism=2)
+    until_ms = clock.now_ms() + 60_000
+    leases = Leases(table, flow, "invocation-1", until_ms)
+    lock, in_flight, most, seen = threading.Lock(), [0], [0], []
+
+    def send() -> None:
+        with leases.sending(clock.now_ms(), clock.now_ms() + 10_000):
+            with lock:
+                in_flight[0] += 1
+                most[0] = max(most[0], in_flight[0])
+                seen.append(lease_items(table, flow))
+            time.sleep(0.05)
+            with lock:
+                in_flight[0] -= 1
+
+    threads = [threading.Thread(target=send) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert most[0] == 2 and len(seen) == 6
+    held = [item for items in seen for item in items if int(item.get("until_ms", 0))]
+    assert {item["holder"] for item in held} == {"invocation-1"}
+    assert {int(item["until_ms"]) for item in held} == {until_ms}
+    assert {int(item["expires_at"]) for item in held} == {until_ms // 1000 + 2 * 86_400}
+    assert [int(item["until_ms"]) for item in lease_items(table, flow)] == [0, 0]  # given back
+    assert leases._held == [] and not leases._line
+
+
+def test_a_lease_another_invocation_holds_is_waited_for_until_its_time_is_over(table):
+    flow = Flow(key="one", parallelism=1)
+    other_until = clock.now_ms() + 300
+    held_by_another(table, flow, 0, other_until)
+    leases = Leases(table, flow, "invocation-1", clock.now_ms() + 60_000)
+    with leases.sending(clock.now_ms(), clock.now_ms() + 5_000) as had_ms:
+        assert had_ms > other_until
+        assert lease_items(table, flow)[0]["holder"] == "invocation-1"
+
+
+def test_a_free_lease_is_taken_past_one_another_invocation_holds(table):
+    flow = Flow(key="two", parallelism=2)
+    held_by_another(table, flow, 0, clock.now_ms() + 60_000)
+    leases = Leases(table, flow, "invocation-1", clock.now_ms() + 60_000)
+    with leases.sending(clock.now_ms(), clock.now_ms() + 1_000):
+        assert [item["holder"] for item in lease_items(table, flow)] == ["other", "invocation-1"]
+
+
+def test_a_send_takes_one_lease_for_itself_not_every_free_one(table):
+    flow = Flow(key="three", parallelism=3)
+    leases = Leases(table, flow, "invocation-1", clock.now_ms() + 60_000)
+    with leases.sending(clock.now_ms(), clock.now_ms() + 1_000):
+        holders = [item.get("holder") for item in lease_items(table, flow)]
+    assert holders == ["invocation-1", None, None]
+
+
+def test_a_send_that_has_no_lease_by_its_time_gives_up_and_leaves_the_line(table):
+    flow = Flow(key="one", parallelism=1)
+    held_by_another(table, flow, 0, clock.now_ms() + 60_000)
+    leases = Leases(table, flow, "invocation-1", clock.now_ms() + 60_000)
+    by_ms = clock.now_ms() + 200
+    with pytest.raises(NoLeaseInTime), leases.sending(clock.now_ms(), by_ms):
+        pass
+    assert clock.now_ms() >= by_ms
+    assert not leases._line and leases._held == []
+    assert lease_items(table, flow)[0]["holder"] == "other"
+
+
+def test_a_lease_taken_by_another_between_its_read_and_its_write_is_passed_by(table, monkeypatch):
+    """Both read lease 0 free; the other invocation's write is first: this one's is
+    refused, and it takes lease 1."""
+    flow = Flow(key="two", parallelism=2)
+    leases = Leases(table, flow, "invocation-1", clock.now_ms() + 60_000)
+    update, raced = leases._table.update_item, []
+
+    def other_first(**kwargs):
+        if not raced:
+            raced.append(held_by_another(table, flow, 0, clock.now_ms() + 60_000))
+        return update(**kwargs)
+
+    monkeypatch.setattr(leases._table, "update_item", other_first)
+    reads: list[int] = []
+    with (
+        on_call(leases, "BatchGetItem", lambda **_: reads.append(1)),
+        leases.sending(clock.now_ms(), clock.now_ms() + 1_000),
+    ):
+        assert [item["holder"] for item in lease_items(table, flow)] == ["other", "invocation-1"]
+    assert len(reads) == 1  # in the same look, not after a pause
+
+
+def test_a_lease_whose_time_ran_out_and_was_taken_is_not_given_back_for_its_new_holder(table):
+    flow = Flow(key="one", parallelism=1)
+    leases = Leases(table, flow, "invocation-1", clock.now_ms() + 100)
+    with leases.sending(clock.now_ms(), clock.now_ms() + 1_000):
+        time.sleep(0.15)  # its invocation's time is over: another takes the lease
+        later = Leases(table, flow, "invocation-2", clock.now_ms() + 60_000)
+        with later.sending(clock.now_ms(), clock.now_ms() + 1_000):
+            pass
+        held_by_another(table, flow, 0, clock.now_ms() + 60_000)
+    assert lease_items(table, flow)[0]["holder"] == "other"
+    assert int(lease_items(table, flow)[0]["until_ms"]) > clock.now_ms()
+
+
+def test_the_leases_read_while_none_is_free_are_fewer_and_fewer(table, monkeypatch):
+    """Held elsewhere for 1.2 s: read after pauses of 50 ms doubling to 400 (not every
+    50 ms: 24 reads), back to 50 once one is had. A read that fails (DynamoDB's fault) is
+    logged, with its key and the fault's name, and made again after a pause."""
+    flow = Flow(key="one", parallelism=1)
+    held_by_another(table, flow, 0, clock.now_ms() + 1_200)
+    leases = Leases(table, flow, "invocation-1", clock.now_ms() + 60_000)
+    pauses: list[int] = []
+    log = io.StringIO()
+    monkeypatch.setattr(logger.registered_handler, "stream", log)
+
+    def read(**_: object) -> None:
+        pauses.append(leases._pause_ms)  # the pause this read came after
+        if len(pauses) == 1:
+            raise ClientError({"Error": {"Code": "InternalServerError"}}, "BatchGetItem")
+
+    with on_call(leases, "BatchGetItem", read), leases.sending(0, clock.now_ms() + 5_000):
+        pass
+    assert pauses[:4] == [LEASE_POLL_MS, 100, 200, LEASE_POLL_MAX_MS]
+    assert set(pauses[4:]) <= {LEASE_POLL_MAX_MS}
+    assert leases._pause_ms == LEASE_POLL_MS
+    [warning] = [json.loads(line) for line in log.getvalue().splitlines()]
+    assert (warning["message"], warning["key"], warning["fault"]) == (
+        "flow leases not read",
+        "one",
+        "ClientError",
+    )
+
+
+def test_a_look_that_finds_every_lease_held_writes_nothing(table):
+    """Each write to a key's lease items is one more on its hot partition."""
+    flow = Flow(key="two", parallelism=2)
+    for i in range(2):
+        held_by_another(table, flow, i, clock.now_ms() + 60_000)
+    leases = Leases(table, flow, "invocation-1", clock.now_ms() + 60_000)
+    writes: list[int] = []
+    with (
+        on_call(leases, "UpdateItem", lambda **_: writes.append(1)),
+        pytest.raises(NoLeaseInTime),
+        leases.sending(clock.now_ms(), clock.now_ms() + 300),
+    ):
+        pass
+    assert writes == []
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        ClientError({"Error": {"Code": "ThrottlingException"}}, "UpdateItem"),
+        EndpointConnectionError(endpoint_url="https://dynamodb.us-east-1.amazonaws.com"),
+    ],
+)
+def test_a_lease_dynamodb_fails_to_take_back_ends_with_its_invocation(table, fault):
+    """The send it was for is done all the same: the lease ends at its invocation's end."""
+    flow = Flow(key="one", parallelism=1)
+    until_ms = clock.now_ms() + 60_000
+    leases = Leases(table, flow, "invocation-1", until_ms)
+
+    def give_back_fails(params: dict, **_: object) -> None:
+        if params.get("ConditionExpression") == "holder = :me":
+            raise fault
+
+    with (
+        on_call(leases, "UpdateItem", give_back_fails),
+        leases.sending(clock.now_ms(), clock.now_ms() + 1_000),
+    ):
+        pass
+    assert int(lease_items(table, flow)[0]["until_ms"]) == until_ms
+
+
+def test_when_the_first_in_line_gives_up_the_next_looks_in_its_place(table):
+    """Only the first in line looks for a free lease; the others sleep until theirs is
+    due. The first gives up: the next, now first, looks, and has the lease once it is
+    free, long before its own time is up."""
+    flow = Flow(key="one", parallelism=1)
+    free_ms = clock.now_ms() + 400
+    held_by_another(table, flow, 0, free_ms)
+    leases = Leases(table, flow, "invocation-1", clock.now_ms() + 60_000)
+    had: list[int] = []
+
+    def gives_up() -> None:
+        with pytest.raises(NoLeaseInTime), leases.sending(0, clock.now_ms() + 150):
+            pass
+
+    first = threading.Thread(target=gives_up)
+    first.start()
+    while not leases._line:
+        time.sleep(0.005)
+    with leases.sending(1, clock.now_ms() + 10_000) as had_ms:
+        had.append(had_ms)
+    first.join(10)
+    assert free_ms < had[0] < free_ms + 5_000
+
+
+def test_a_lease_taken_for_a_send_that_left_the_line_meanwhile_goes_back_at_once(table):
+    """Two sends wait; the first in line reads both leases free, and takes them for the
+    two, but the second gives up before they are taken: its lease goes back to the table
+    at once, not when the invocation ends."""
+    flow = Flow(key="two", parallelism=2)
+    free_ms = clock.now_ms() + 200
+    for i in range(2):
+        held_by_another(table, flow, i, free_ms)
+    leases = Leases(table, flow, "invocation-1", clock.now_ms() + 60_000)
+    gave_up = threading.Event()
+
+    def second() -> None:
+        with pytest.raises(NoLeaseInTime), leases.sending(5, clock.now_ms() + 1_500):
+            pass
+        gave_up.set()
+
+    def read_as_the_second_gives_up(**_: object) -> None:
+        if clock.now_ms() > free_ms and not gave_up.is_set():
+            gave_up.wait(10)
+
+    waiting = threading.Thread(target=second)
+    waiting.start()
+    while not leases._line:
+        time.sleep(0.005)
+    with (
+        on_call(leases, "BatchGetItem", read_as_the_second_gives_up),
+        leases.sending(1, clock.now_ms() + 10_000),
+    ):
+        holders = [item["holder"] for item in lease_items(table, flow)]
+        untils = [int(item["until_ms"]) for item in lease_items(table, flow)]
+    waiting.join(10)
+    assert holders == ["invocation-1", "invocation-1"]  # both taken in one look
+    assert sorted(untils)[0] == 0  # one given back as soon as it was taken
+
+
+@contextmanager
+def on_call(leases: Leases, operation: str, hook: Callable[..., object]) -> Iterator[None]:
+    """`hook` run before each of the leases' DynamoDB `operation` calls, with the call's
+    parameters (`params`): a fault DynamoDB raises, a count of its calls."""
+    events, event = (
+        leases._dynamodb.meta.client.meta.events,
+        f"before-parameter-build.dynamodb.{operation}",
+    )
+    events.register(event, hook)
+    try:
+        yield
+    finally:
+        events.unregister(event, hook)

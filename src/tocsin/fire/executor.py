@@ -135,13 +135,8 @@ def _send_all(
     callbacks their final marks made and count what became of each; raise the first
     failure, once the others are done and the failed tasks let go."""
     calls = sends(held)
-    leases = {each.task.leases for each in held if isinstance(each.task, ClaimedTask)} - {None}
-    try:
-        with ThreadPoolExecutor(max_workers=len(calls)) as pool:
-            futures = [pool.submit(run, call) for call in calls]
-    finally:  # every send made: the flows' leases go back at once
-        for flow_leases in leases:
-            flow_leases.release()  # type: ignore[union-attr]
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:  # each lease given back as used
+        futures = [pool.submit(run, call) for call in calls]
     done: list[tuple[Held, Recorded | BaseException]] = []
     onward: list[Held] = []  # handed on, for want of time (`HandOn`)
     for call, future in zip(calls, futures, strict=True):
