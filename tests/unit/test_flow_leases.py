@@ -106,14 +106,18 @@ def test_no_more_sends_than_the_parallelism_hold_a_lease_at_once(table):
     until_ms = clock.now_ms() + 60_000
     leases = Leases(table, flow, "invocation-1", until_ms)
     lock, in_flight, most, seen = threading.Lock(), [0], [0], []
+    two_at_once = threading.Event()  # the first send waits for a second beside it
 
     def send() -> None:
         with leases.sending(clock.now_ms(), clock.now_ms() + 10_000):
             with lock:
                 in_flight[0] += 1
                 most[0] = max(most[0], in_flight[0])
+                if in_flight[0] == 2:
+                    two_at_once.set()
                 seen.append(lease_items(table, flow))
-            time.sleep(0.05)
+            two_at_once.wait(5)
+            time.sleep(0.02)
             with lock:
                 in_flight[0] -= 1
 
@@ -279,13 +283,13 @@ def test_when_the_first_in_line_gives_up_the_next_looks_in_its_place(table):
     due. The first gives up: the next, now first, looks, and has the lease once it is
     free, long before its own time is up."""
     flow = Flow(key="one", parallelism=1)
-    free_ms = clock.now_ms() + 400
-    held_by_another(table, flow, 0, free_ms)
     leases = Leases(table, flow, "invocation-1", clock.now_ms() + 60_000)
     had: list[int] = []
+    first_by_ms, free_ms = clock.now_ms() + 150, clock.now_ms() + 400
+    held_by_another(table, flow, 0, free_ms)
 
     def gives_up() -> None:
-        with pytest.raises(NoLeaseInTime), leases.sending(0, clock.now_ms() + 150):
+        with pytest.raises(NoLeaseInTime), leases.sending(0, first_by_ms):
             pass
 
     first = threading.Thread(target=gives_up)
@@ -299,29 +303,37 @@ def test_when_the_first_in_line_gives_up_the_next_looks_in_its_place(table):
 
 
 def test_a_lease_taken_for_a_send_that_left_the_line_meanwhile_goes_back_at_once(table):
-    """Two sends wait; the first in line reads both leases free, and takes them for the
-    two, but the second gives up before they are taken: its lease goes back to the table
-    at once, not when the invocation ends."""
+    """Two sends wait; the other invocation gives both leases back, and the first in line
+    reads them free and takes them for the two, but the second gives up before they are
+    taken: its lease goes back to the table at once, not when the invocation ends."""
     flow = Flow(key="two", parallelism=2)
-    free_ms = clock.now_ms() + 200
     for i in range(2):
-        held_by_another(table, flow, i, free_ms)
+        held_by_another(table, flow, i, clock.now_ms() + 60_000)
     leases = Leases(table, flow, "invocation-1", clock.now_ms() + 60_000)
-    gave_up = threading.Event()
+    both_free, gave_up = threading.Event(), threading.Event()
 
     def second() -> None:
-        with pytest.raises(NoLeaseInTime), leases.sending(5, clock.now_ms() + 1_500):
+        with pytest.raises(NoLeaseInTime), leases.sending(5, clock.now_ms() + 2_000):
             pass
         gave_up.set()
 
+    def given_back_once_both_wait() -> None:
+        while len(leases._line) < 2:
+            time.sleep(0.005)
+        for i in range(2):
+            held_by_another(table, flow, i, 0)
+        both_free.set()
+
     def read_as_the_second_gives_up(**_: object) -> None:
-        if clock.now_ms() > free_ms and not gave_up.is_set():
+        if both_free.is_set():
             gave_up.wait(10)
 
     waiting = threading.Thread(target=second)
     waiting.start()
     while not leases._line:
         time.sleep(0.005)
+    freeing = threading.Thread(target=given_back_once_both_wait)
+    freeing.start()
     with (
         on_call(leases, "BatchGetItem", read_as_the_second_gives_up),
         leases.sending(1, clock.now_ms() + 10_000),
@@ -329,6 +341,7 @@ def test_a_lease_taken_for_a_send_that_left_the_line_meanwhile_goes_back_at_once
         holders = [item["holder"] for item in lease_items(table, flow)]
         untils = [int(item["until_ms"]) for item in lease_items(table, flow)]
     waiting.join(10)
+    freeing.join(10)
     assert holders == ["invocation-1", "invocation-1"]  # both taken in one look
     assert sorted(untils)[0] == 0  # one given back as soon as it was taken
 
