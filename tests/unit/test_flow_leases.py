@@ -5,22 +5,23 @@ import io
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 import boto3
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 
+from tests.conftest import hooked
 from tocsin import clock
 from tocsin.flow import LEASE_POLL_MAX_MS, LEASE_POLL_MS, Flow, Leases, NoLeaseInTime
+from tocsin.flow_keys import LEASE_PART, ledger_key
 from tocsin.observability import logger
 
 FLOW = Flow(key="one-host", parallelism=1)
+BEFORE = "before-parameter-build.dynamodb."  # a DynamoDB call's parameters, before it goes
 
 
 def lease_held_until(table: str) -> int:
-    key = {"task_id": "~flow:lease0:one-host"}
+    key = ledger_key(FLOW.key, f"{LEASE_PART}0")
     return int(boto3.resource("dynamodb").Table(table).get_item(Key=key)["Item"]["until_ms"])
 
 
@@ -89,13 +90,13 @@ def test_a_send_that_joins_the_line_late_goes_ahead_of_those_due_after_it(table)
 
 def lease_items(table: str, flow: Flow) -> list[dict]:
     items = boto3.resource("dynamodb").Table(table)
-    keys = [{"task_id": f"~flow:lease{i}:{flow.key}"} for i in range(flow.parallelism or 0)]
+    keys = [ledger_key(flow.key, f"{LEASE_PART}{i}") for i in range(flow.parallelism or 0)]
     return [items.get_item(Key=key).get("Item", {}) for key in keys]
 
 
 def held_by_another(table: str, flow: Flow, i: int, until_ms: int) -> None:
     boto3.resource("dynamodb").Table(table).put_item(
-        Item={"task_id": f"~flow:lease{i}:{flow.key}", "holder": "other", "until_ms": until_ms}
+        Item={**ledger_key(flow.key, f"{LEASE_PART}{i}"), "holder": "other", "until_ms": until_ms}
     )
 
 
@@ -173,22 +174,25 @@ def test_a_send_that_has_no_lease_by_its_time_gives_up_and_leaves_the_line(table
     assert lease_items(table, flow)[0]["holder"] == "other"
 
 
-def test_a_lease_taken_by_another_between_its_read_and_its_write_is_passed_by(table, monkeypatch):
+def test_a_lease_taken_by_another_between_its_read_and_its_write_is_passed_by(table):
     """Both read lease 0 free; the other invocation's write is first: this one's is
     refused, and it takes lease 1."""
     flow = Flow(key="two", parallelism=2)
     leases = Leases(table, flow, "invocation-1", clock.now_ms() + 60_000)
-    update, raced = leases._table.update_item, []
-
-    def other_first(**kwargs):
-        if not raced:
-            raced.append(held_by_another(table, flow, 0, clock.now_ms() + 60_000))
-        return update(**kwargs)
-
-    monkeypatch.setattr(leases._table, "update_item", other_first)
+    raced: list[int] = []
     reads: list[int] = []
+
+    def other_first(**_: object) -> None:
+        if not raced:
+            raced.append(1)
+            held_by_another(table, flow, 0, clock.now_ms() + 60_000)
+
     with (
-        on_call(leases, "BatchGetItem", lambda **_: reads.append(1)),
+        hooked(
+            leases._dynamodb.meta.client,
+            (f"{BEFORE}BatchGetItem", lambda **_: reads.append(1)),
+            (f"{BEFORE}UpdateItem", other_first),
+        ),
         leases.sending(clock.now_ms(), clock.now_ms() + 1_000),
     ):
         assert [item["holder"] for item in lease_items(table, flow)] == ["other", "invocation-1"]
@@ -224,7 +228,10 @@ def test_the_leases_read_while_none_is_free_are_fewer_and_fewer(table, monkeypat
         if len(pauses) == 1:
             raise ClientError({"Error": {"Code": "InternalServerError"}}, "BatchGetItem")
 
-    with on_call(leases, "BatchGetItem", read), leases.sending(0, clock.now_ms() + 5_000):
+    with (
+        hooked(leases._dynamodb.meta.client, (f"{BEFORE}BatchGetItem", read)),
+        leases.sending(0, clock.now_ms() + 5_000),
+    ):
         pass
     assert pauses[:4] == [LEASE_POLL_MS, 100, 200, LEASE_POLL_MAX_MS]
     assert set(pauses[4:]) <= {LEASE_POLL_MAX_MS}
@@ -245,7 +252,7 @@ def test_a_look_that_finds_every_lease_held_writes_nothing(table):
     leases = Leases(table, flow, "invocation-1", clock.now_ms() + 60_000)
     writes: list[int] = []
     with (
-        on_call(leases, "UpdateItem", lambda **_: writes.append(1)),
+        hooked(leases._dynamodb.meta.client, (f"{BEFORE}UpdateItem", lambda **_: writes.append(1))),
         pytest.raises(NoLeaseInTime),
         leases.sending(clock.now_ms(), clock.now_ms() + 300),
     ):
@@ -271,7 +278,7 @@ def test_a_lease_dynamodb_fails_to_take_back_ends_with_its_invocation(table, fau
             raise fault
 
     with (
-        on_call(leases, "UpdateItem", give_back_fails),
+        hooked(leases._dynamodb.meta.client, (f"{BEFORE}UpdateItem", give_back_fails)),
         leases.sending(clock.now_ms(), clock.now_ms() + 1_000),
     ):
         pass
@@ -335,7 +342,9 @@ def test_a_lease_taken_for_a_send_that_left_the_line_meanwhile_goes_back_at_once
     freeing = threading.Thread(target=given_back_once_both_wait)
     freeing.start()
     with (
-        on_call(leases, "BatchGetItem", read_as_the_second_gives_up),
+        hooked(
+            leases._dynamodb.meta.client, (f"{BEFORE}BatchGetItem", read_as_the_second_gives_up)
+        ),
         leases.sending(1, clock.now_ms() + 10_000),
     ):
         holders = [item["holder"] for item in lease_items(table, flow)]
@@ -344,18 +353,3 @@ def test_a_lease_taken_for_a_send_that_left_the_line_meanwhile_goes_back_at_once
     freeing.join(10)
     assert holders == ["invocation-1", "invocation-1"]  # both taken in one look
     assert sorted(untils)[0] == 0  # one given back as soon as it was taken
-
-
-@contextmanager
-def on_call(leases: Leases, operation: str, hook: Callable[..., object]) -> Iterator[None]:
-    """`hook` run before each of the leases' DynamoDB `operation` calls, with the call's
-    parameters (`params`): a fault DynamoDB raises, a count of its calls."""
-    events, event = (
-        leases._dynamodb.meta.client.meta.events,
-        f"before-parameter-build.dynamodb.{operation}",
-    )
-    events.register(event, hook)
-    try:
-        yield
-    finally:
-        events.unregister(event, hook)

@@ -12,6 +12,7 @@ import boto3
 import pytest
 
 from tocsin.flow import LEDGER_DAYS, Flow, RateLedger, flow_of, flow_view, wide_slot
+from tocsin.flow_keys import ledger_key
 from tocsin.settings import settings
 
 FLOW = Flow(key="k", rate=4)  # slots 260 ms apart
@@ -37,7 +38,7 @@ class RacedTable:
 
 
 def ledger_item(table: str) -> dict[str, Any]:
-    return boto3.resource("dynamodb").Table(table).get_item(Key={"task_id": "~flow:rate:k"})["Item"]
+    return boto3.resource("dynamodb").Table(table).get_item(Key=ledger_key("k", "rate"))["Item"]
 
 
 def counted(ledger: RateLedger, nth: int = 0, other: Callable[[], object] = lambda: None):
