@@ -5,23 +5,26 @@ of that key, across every executor invocation at once.
   table, its next free slot, slots `spacing_us` apart, and every slot is handed out by it
   once:
   - the plan: an executor plans all its batch's tasks of one key in one write once it has
-    claimed them, each at its due time or the first free slot after it, and each first
+    claimed them, each at its due time (or as soon as the invocation can send, if later:
+    `tocsin.fire.plans.PLAN_LEAD_MS`) or the first free slot after it, and each first
     attempt goes in its slot, writing nothing more. A task so held past its due time has
     its slot written on it (`planned_ms`): the API shows when it will fire, a retry of its
     invocation keeps it, and a slot later than the invocation can wait for goes to an
     execution of its own that wakes for it (`tocsin.fire`). A ledger write a send had made
     one item the key's hot spot: a partition takes 1,000 writes a second;
   - a retry, or a send that its lease or its gate lets go later than SLOT_SLACK_MS past
-    its slot (the CPU was busy), takes the next free slot (`RateLedger.ticket`: one
-    atomic add) when it is ready, not long before, so an executor that falls behind takes
-    none that others could use: late sends do not bunch up, and what reaches a receiver
+    its slot (the CPU was busy), takes the next free slot (`RateLedger.ticket`: from a
+    block of TICKET_BLOCK_MS of slots its invocation took in one atomic add) when it is
+    ready, not long before, so an executor that falls behind takes few that others could
+    use: late sends do not bunch up, and what reaches a receiver
     in any second stays within the rate, whichever invocations send. No send goes later
     than its slot allows: one late again takes a wide slot (`wide_slot`). A slot taken
     and not used is a gap, never a burst.
 * `parallelism`: at most that many sends in flight at once. Each key has that many lease
-  items; a send takes one (its invocation's, if one is free there) and its invocation
-  hands it to its next send waiting for one, or gives it back at once (`Leases`). A
-  lease ends with its invocation, so one that dies holds none past its time.
+  items; a send takes one (its invocation's, if one is idle there) as it is to go, and
+  its invocation keeps it for a send of its own due within LEASE_KEEP_MS, else gives it
+  back, as it gives back every one it kept once it is done (`Leases`). A lease ends with
+  its invocation, so one that dies holds none past its time.
 
 A task that names no flow reads and writes none of this.
 """
@@ -54,6 +57,15 @@ KEY_PATTERN = r"^[A-Za-z0-9_.:/@-]{1,64}$"  # a host, a tenant, a customer id
 LEDGER_DAYS = 2  # an idle key's ledger items are deleted by TTL this long after use
 LEASE_POLL_MS = 50  # between looks for a free lease, while none is: doubling up to
 LEASE_POLL_MAX_MS = 400
+# A send done keeps its lease for a send of its invocation whose place is this near: it is
+# written once when taken and once when given back, not for each send. Kept for sends
+# further off, it would keep the flow's sends in other invocations waiting.
+LEASE_KEEP_MS = 25
+GRANT_AHEAD_MS = 2  # how long before its place in line a send is given an idle lease
+# How long before its place a send with no idle lease reads the items for a free one (a read
+# and a write). Sends join the line earlier; a look for the whole line had taken leases that
+# then waited unused, each one more write to take and one to give back.
+LOOK_AHEAD_MS = 30
 # How late past its slot a gate may let a send go (a busy CPU), and how much later the
 # network may bring one than another: slots are spaced wider than 1/rate by the two, so
 # that what reaches a receiver in any second stays within the rate.
@@ -67,6 +79,7 @@ TICKET_AHEAD_MS = 100
 LAST_SLACK_MS = 50
 LAST_SLACK_MAX_MS = 1000
 TICKET_WRITE_MS = 10  # a slot's write, as first guessed: then as the last ones took
+TICKET_BLOCK_MS = 50  # how much of a key's slots a ticket's write takes for the invocation
 
 
 class Flow(BaseModel):
@@ -166,6 +179,8 @@ class RateLedger:
         self._table = aws.resource("dynamodb").Table(table_name)
         self._refused = self._table.meta.client.exceptions.ConditionalCheckFailedException
         self._write_ms = float(TICKET_WRITE_MS)  # a moving average of `ticket`'s writes
+        self._blocks: dict[str, tuple[int, int]] = {}  # each key's slots taken, not yet used
+        self._lock = threading.Lock()
 
     def lead_ms(self) -> int:
         """How far past now a send already due asks for its slot: twice what a slot's write
@@ -207,42 +222,63 @@ class RateLedger:
 
     def ticket(self, flow: Flow, ready_ms: int, count: int = 1) -> int:
         """`count` slots in a row for one send ready at `ready_ms` that has none (a retry,
-        or late for its planned one): the key's next free ones (one atomic add, which no
-        other writer makes fail), or from `ready_ms` itself when the key's slots are
-        behind it (those taken then are left unused, and the key's next slot moved on,
-        conditionally). The millisecond the first starts."""
-        began = time.monotonic()
-        try:
-            return self._ticket(flow, ready_ms, count)
-        finally:  # a race between two sends' updates is harmless: an average either way
-            took_ms = (time.monotonic() - began) * 1000
-            self._write_ms = 0.8 * self._write_ms + 0.2 * took_ms
-
-    def _ticket(self, flow: Flow, ready_ms: int, count: int) -> int:
+        or late for its planned one): from a block this invocation took before, else a new
+        block of them (TICKET_BLOCK_MS of the key's slots, `count` at least), the key's next
+        free ones (one atomic add, which no other writer makes fail), or from `ready_ms`
+        itself when the key's slots are behind it (those taken then are left unused, and
+        the key's next slot moved on, conditionally). The millisecond the first starts.
+        Slots of a block no send uses are gaps, never a burst; a write a ticket had made
+        the ledger's item the key's hot spot again when a busy CPU made sends late."""
         assert flow.rate is not None
-        spacing, ready_us = count * spacing_us(flow.rate), ready_ms * 1000
+        spacing, ready_us = spacing_us(flow.rate), ready_ms * 1000
+        with self._lock:  # one block at a time: the sends waiting for it have it at once
+            slot_us = self._from_block(flow.key, ready_us, count, spacing)
+            if slot_us is None:
+                size = max(count, TICKET_BLOCK_MS * 1000 // spacing)
+                began = time.monotonic()
+                start_us = self._block(flow, ready_us, size * spacing)
+                took_ms = (time.monotonic() - began) * 1000
+                self._write_ms = 0.8 * self._write_ms + 0.2 * took_ms
+                self._blocks[flow.key] = (start_us, start_us + size * spacing)
+                slot_us = self._from_block(flow.key, ready_us, count, spacing)
+        assert slot_us is not None
+        return -(-slot_us // 1000)
+
+    def _from_block(self, key: str, ready_us: int, count: int, spacing: int) -> int | None:
+        """The first of `count` slots in a row, none before `ready_us`, from the key's block
+        (under the lock); None if it has not that many left."""
+        next_us, end_us = self._blocks.get(key, (0, 0))
+        if next_us < ready_us:  # those before are passed by: gaps
+            next_us += -(-(ready_us - next_us) // spacing) * spacing
+        if next_us + count * spacing > end_us:
+            return None
+        self._blocks[key] = (next_us + count * spacing, end_us)
+        return next_us
+
+    def _block(self, flow: Flow, ready_us: int, span_us: int) -> int:
+        """Take `span_us` of the key's slots, none before `ready_us`: where they start."""
         key = ledger_key(flow.key, "rate")  # the plan's: one slot, one sender
         while True:
             added = self._table.update_item(
                 Key=key,
-                UpdateExpression="ADD free_us :spacing SET expires_at = :expires",
+                UpdateExpression="ADD free_us :span SET expires_at = :expires",
                 ExpressionAttributeValues={
-                    ":spacing": spacing,
+                    ":span": span_us,
                     ":expires": ready_us // 1_000_000 + LEDGER_DAYS * 86_400,
                 },
                 ReturnValues="UPDATED_NEW",
             )
-            slot_us = int(added["Attributes"]["free_us"]) - spacing
-            if slot_us >= ready_us:
-                return -(-slot_us // 1000)
+            start_us = int(added["Attributes"]["free_us"]) - span_us
+            if start_us >= ready_us:
+                return start_us
             try:
                 self._table.update_item(
                     Key=key,
                     UpdateExpression="SET free_us = :next",
                     ConditionExpression="free_us <= :ready",
-                    ExpressionAttributeValues={":next": ready_us + spacing, ":ready": ready_us},
+                    ExpressionAttributeValues={":next": ready_us + span_us, ":ready": ready_us},
                 )
-                return ready_ms
+                return ready_us
             except self._refused:  # another send took slots meanwhile: the next of them
                 continue
 
@@ -253,27 +289,36 @@ class NoLeaseInTime(Exception):
 
 @dataclass(eq=False)
 class _Waiter:
-    """A send waiting for a lease, at its place in line: woken when one is handed to it, or
-    when it is first in line and must look for one."""
+    """A send waiting for a lease, at its place in line: woken when a lease comes back or
+    the one before it was served, and, first in line, when its place comes or it must look
+    for a lease again."""
 
     place_ms: int
     woken: threading.Event = field(default_factory=threading.Event)
-    granted: bool = False
+    lease: dict[str, str] | None = None  # the lease item it sends through, once it has one
 
 
 class Leases:
     """One invocation's leases of a key's `parallelism` lease items: sends through them.
 
-    Sends wait in line for a lease, in the order of their places: the moment each came, or
-    should have (a first attempt's thread the CPU woke late goes ahead of a send due after
-    it). A send done hands its lease to
-    the first in line, else gives it back at once: an invocation holds no lease it is not
-    sending through, so however many invocations share a key, each sends as its sends
-    come. Only the first in line reads the items for free ones, and between looks that
-    found none it alone waits on a timer; the others sleep until a lease is theirs (or
-    their time is up). Thousands of sends waiting, each woken every second to check, had
-    taken a core (`tocsin bench --scenarios flow`). The items are read and written outside
-    the lock the line is kept under."""
+    Sends wait in line for a lease, in the order of their places: the millisecond each is
+    to go, or its coming (a retry; a first attempt's thread the CPU woke late still goes
+    ahead of a send due after it). The first in line takes one of the invocation's idle
+    leases once its place comes (GRANT_AHEAD_MS before it), not when it joins: a lease had
+    ahead is held through the wait, and 10 leases each held a look-ahead long had carried
+    about 50 sends a second (`tocsin bench --scenarios flow`). With none idle as its place
+    nears (LOOK_AHEAD_MS), the first in line reads the items for a free one; between looks
+    that found none it alone waits on a timer, the others sleep until served or out of
+    time (thousands of sends woken every second to check had taken a core).
+
+    A send done keeps its lease for a send in line whose place is near (LEASE_KEEP_MS), so
+    that a lease is written once when taken and once when given back, not for each send
+    (a partition takes 1,000 writes a second); else it gives it back at once. Leases kept
+    for the whole line, or idle for longer, had kept the flow's sends in other invocations
+    from theirs: a run of 5,000 tasks handed sends on 8,314 times for want of one. One kept
+    and not taken within LEASE_KEEP_MS goes back, as does every idle one when the
+    invocation is done (`close`). The items are read and written outside the lock the line
+    is kept under."""
 
     def __init__(self, table_name: str, flow: Flow, holder: str, until_ms: int):
         assert flow.parallelism is not None
@@ -283,10 +328,12 @@ class Leases:
         self._flow, self._holder, self._until_ms = flow, holder, until_ms
         self._items = [ledger_key(flow.key, f"{LEASE_PART}{i}") for i in range(flow.parallelism)]
         self._held: list[dict[str, str]] = []  # lease items this invocation holds
+        self._idle: list[tuple[dict[str, str], int]] = []  # held, unused since (ms): oldest first
         self._line: deque[_Waiter] = deque()  # sends waiting for a lease, by their places
         self._looking = False  # the first in line reads the items now
         self._next_look_ms = 0  # when they may be read again
         self._pause_ms = LEASE_POLL_MS  # between looks that found none, doubling to a cap
+        self._keeper: threading.Timer | None = None  # gives back what stayed idle too long
         self._lock = threading.Lock()
 
     @contextmanager
@@ -300,36 +347,50 @@ class Leases:
             while not self._turn(me, by_ms):
                 pass
         except BaseException:
-            with self._lock:
-                granted = me.granted  # a lease handed to it as it gave up: passed on now
-                if not granted:  # the next in line looks in its place
-                    self._leave_line(me)
-            if granted:
-                self._done_with_one()
+            with self._lock:  # the next in line looks or is served in its place
+                self._leave_line(me)
             raise
         try:
             yield clock.now_ms()
         finally:
-            self._done_with_one()
+            self._idle_again(me.lease)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        """Give back every idle lease: the invocation sends no more."""
+        with self._lock:
+            if self._keeper is not None:
+                self._keeper.cancel()
+                self._keeper = None
+            idle, self._idle = [key for key, _ in self._idle], []
+            self._held = [key for key in self._held if key not in idle]
+        for key in idle:
+            self._give_back(key)
 
     def _turn(self, me: _Waiter, by_ms: int) -> bool:
         """True once `me` holds a lease; else one look for free ones made (first in line,
-        no look under way, its pause over) or one wait: for the next look if first in
-        line, else until woken or `by_ms`."""
+        none idle, no look under way, its pause over) or one wait: first in line, for its
+        place or the next look; else until woken or `by_ms`."""
         with self._lock:
-            if me.granted:
-                return True
             now = clock.now_ms()
             if now >= by_ms:
                 raise NoLeaseInTime(self._flow.key)
             first = self._line[0] is me
-            looks = first and not self._looking and now >= self._next_look_ms
+            if first and self._idle and now >= me.place_ms - GRANT_AHEAD_MS:
+                me.lease = self._idle.pop(0)[0]  # the longest idle: each one kept is used
+                self._line.popleft()
+                self._wake_first()
+                return True
+            looks = first and not self._idle and not self._looking and self._may_look(now, me)
             if looks:
-                self._looking, wanted = True, len(self._line)
+                self._looking = True
+                wanted = 1  # the first in line's: the others may have the leases in use
                 held = {item["task_id"] for item in self._held}
             else:
-                timer = first and not self._looking
-                until_ms = min(self._next_look_ms, by_ms) if timer else by_ms
+                until_ms = by_ms
+                if first and self._idle:
+                    until_ms = min(me.place_ms - GRANT_AHEAD_MS, by_ms)
+                elif first and not self._looking and len(self._held) < len(self._items):
+                    until_ms = min(max(self._next_look_ms, me.place_ms - LOOK_AHEAD_MS), by_ms)
                 me.woken.clear()
         if looks:
             self._look(wanted, held)
@@ -337,8 +398,18 @@ class Leases:
             me.woken.wait(max(until_ms - now, 1) / 1000)
         return False
 
+    def _may_look(self, now: int, me: _Waiter) -> bool:
+        """Whether the items may be read now, for `me`: its place is within LOOK_AHEAD_MS
+        (before, one of the invocation's own leases may come back for it), a pause since a
+        look that found none is over, and not every lease is this invocation's already
+        (under the lock)."""
+        return now >= max(self._next_look_ms, me.place_ms - LOOK_AHEAD_MS) and len(
+            self._held
+        ) < len(self._items)
+
     def _look(self, wanted: int, held: set[str]) -> None:
-        """Read the items, take up to `wanted` free ones, and hand them down the line."""
+        """Read the items and take up to `wanted` free ones, idle until the line's sends
+        are served from them."""
         taken: list[dict[str, str]] = []
         try:
             taken = self._take(wanted, held)
@@ -347,37 +418,57 @@ class Leases:
         finally:
             with self._lock:
                 self._looking = False
-                granted, spare = taken[: len(self._line)], taken[len(self._line) :]
-                self._held += granted
-                for _ in granted:
-                    self._grant_first()
+                now = clock.now_ms()
+                self._held += taken
+                self._idle += [(key, now) for key in taken]
                 self._pause_ms = (
                     LEASE_POLL_MS if taken else min(2 * self._pause_ms, LEASE_POLL_MAX_MS)
                 )
-                self._next_look_ms = clock.now_ms() + (0 if taken else self._pause_ms)
+                self._next_look_ms = now + (0 if taken else self._pause_ms)
+                self._keep_for_a_while()
                 self._wake_first()
-        for key in spare:  # the sends it was taken for left the line meanwhile
-            self._give_back(key)
 
-    def _done_with_one(self) -> None:
-        """A send's lease to the first send in line, else back to the table."""
+    def _idle_again(self, key: dict[str, str]) -> None:
+        """A send's lease kept for a send in line whose place is within LEASE_KEEP_MS, if
+        no idle lease is kept for it already (the first in line woken to be served); else
+        given back at once, for the sends of other invocations."""
         with self._lock:
-            if self._line:
-                self._grant_first()
+            now = clock.now_ms()
+            soon = sum(1 for waiter in self._line if waiter.place_ms <= now + LEASE_KEEP_MS)
+            if soon > len(self._idle):
+                self._idle.append((key, now))
+                self._keep_for_a_while()
                 self._wake_first()
                 return
-            key = self._held.pop()
+            self._held.remove(key)
+            self._wake_first()  # to look for a lease, if it waited for one of these
         self._give_back(key)
 
-    def _grant_first(self) -> None:
-        """A lease of this invocation's to the first in line (under the lock)."""
-        first = self._line.popleft()
-        first.granted = True
-        first.woken.set()
+    def _keep_for_a_while(self) -> None:
+        """Have the oldest idle lease given back once it has been idle LEASE_KEEP_MS, if no
+        send takes it first (under the lock)."""
+        if self._keeper is None and self._idle:
+            left_ms = self._idle[0][1] + LEASE_KEEP_MS - clock.now_ms()
+            self._keeper = threading.Timer(max(left_ms, 1) / 1000, self._give_back_unused)
+            self._keeper.daemon = True
+            self._keeper.start()
+
+    def _give_back_unused(self) -> None:
+        """Give back the leases idle LEASE_KEEP_MS or longer; watch the rest."""
+        with self._lock:
+            self._keeper = None
+            kept_since = clock.now_ms() - LEASE_KEEP_MS
+            unused = [key for key, since in self._idle if since <= kept_since]
+            self._idle = [(key, since) for key, since in self._idle if since > kept_since]
+            self._held = [key for key in self._held if key not in unused]
+            self._keep_for_a_while()
+            self._wake_first()
+        for key in unused:
+            self._give_back(key)
 
     def _wake_first(self) -> None:
-        """Wake the first in line, to look for a lease or wait for its next look (under the
-        lock)."""
+        """Wake the first in line, to be served, look for a lease or wait for its turn
+        (under the lock)."""
         if self._line:
             self._line[0].woken.set()
 

@@ -12,7 +12,16 @@ from botocore.exceptions import ClientError, EndpointConnectionError
 
 from tests.conftest import hooked
 from tocsin import clock
-from tocsin.flow import LEASE_POLL_MAX_MS, LEASE_POLL_MS, Flow, Leases, NoLeaseInTime
+from tocsin.flow import (
+    GRANT_AHEAD_MS,
+    LEASE_KEEP_MS,
+    LEASE_POLL_MAX_MS,
+    LEASE_POLL_MS,
+    LOOK_AHEAD_MS,
+    Flow,
+    Leases,
+    NoLeaseInTime,
+)
 from tocsin.flow_keys import LEASE_PART, ledger_key
 from tocsin.observability import logger
 
@@ -25,38 +34,110 @@ def lease_held_until(table: str) -> int:
     return int(boto3.resource("dynamodb").Table(table).get_item(Key=key)["Item"]["until_ms"])
 
 
-def test_a_lease_handed_to_a_send_as_it_gives_up_goes_on_at_once(table, monkeypatch):
-    """The send first in line gives up (its time is up) in the moment the send that holds
-    the one lease ends and hands it to it: the lease goes back to the table at once, not
-    when the invocation ends (another invocation's sends would wait for it until then)."""
+def waiting_behind(leases: Leases, place_ms: int, had: list[int]) -> threading.Thread:
+    """A send of `leases` at `place_ms`, started and in line (what it had, into `had`)."""
+
+    def send() -> None:
+        with leases.sending(place_ms, clock.now_ms() + 5_000) as had_ms:
+            had.append(had_ms)
+
+    thread = threading.Thread(target=send)
+    in_line = len(leases._line)
+    thread.start()
+    while len(leases._line) == in_line:
+        time.sleep(0.001)
+    return thread
+
+
+def test_a_lease_is_kept_for_a_send_in_line_due_soon_and_given_back_when_none_is(table):
+    """Taken once, written once more when given back: not taken and given back for each
+    send, each a write on the key's partition."""
     leases = Leases(table, FLOW, "invocation-1", clock.now_ms() + 60_000)
-    first_ends, first_ended = threading.Event(), threading.Event()
+    calls: list[str] = []
+    had: list[int] = []
+    with hooked(
+        leases._dynamodb.meta.client,
+        (f"{BEFORE}BatchGetItem", lambda **_: calls.append("read")),
+        (f"{BEFORE}UpdateItem", lambda **_: calls.append("write")),
+    ):
+        with leases.sending(clock.now_ms(), clock.now_ms() + 1_000):
+            second = waiting_behind(leases, clock.now_ms() + LEASE_KEEP_MS // 2, had)
+        second.join(10)
+        assert had and calls == ["read", "write", "write"]  # taken, kept, given back
+    assert lease_held_until(table) == 0
+    assert leases._held == [] and leases._idle == []
+
+
+def test_a_lease_kept_goes_to_its_send_as_its_place_comes_not_before(table):
+    """A lease held through a send's wait for its slot is one no other send can use."""
+    leases = Leases(table, FLOW, "invocation-1", clock.now_ms() + 60_000)
+    had: list[int] = []
+    with leases.sending(clock.now_ms(), clock.now_ms() + 1_000):
+        place_ms = clock.now_ms() + LEASE_KEEP_MS - 5
+        second = waiting_behind(leases, place_ms, had)
+    second.join(10)
+    assert had[0] >= place_ms - GRANT_AHEAD_MS
+
+
+def test_a_lease_given_back_wakes_the_send_first_in_line_to_look_for_one(table):
+    """The one lease in use, the next send due further off than a lease is kept for: the
+    lease goes back to the table, and the send looks for one as its place nears, rather
+    than sleep until its time is up."""
+    leases = Leases(table, FLOW, "invocation-1", clock.now_ms() + 60_000)
+    had: list[int] = []
+    with leases.sending(clock.now_ms(), clock.now_ms() + 1_000):
+        place_ms = clock.now_ms() + 6 * LEASE_KEEP_MS
+        second = waiting_behind(leases, place_ms, had)
+        time.sleep(2 * LEASE_KEEP_MS / 1000)  # it sleeps, until a lease is its own
+    assert lease_held_until(table) == 0
+    second.join(10)
+    assert place_ms - LOOK_AHEAD_MS <= had[0] < place_ms + 500
+
+
+def test_an_invocation_done_gives_back_every_lease_it_kept(table):
+    flow = Flow(key="two", parallelism=2)
+    leases = Leases(table, flow, "invocation-1", clock.now_ms() + 60_000)
+    both = threading.Barrier(2, timeout=5)
+
+    def send() -> None:
+        with leases.sending(clock.now_ms(), clock.now_ms() + 5_000):
+            both.wait()
+
+    threads = [threading.Thread(target=send) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert [item["holder"] for item in lease_items(table, flow)] == ["invocation-1"] * 2
+    leases.close()
+    assert [int(item["until_ms"]) for item in lease_items(table, flow)] == [0, 0]
+    assert leases._held == [] and leases._keeper is None
+
+
+def test_a_send_waiting_while_its_invocation_holds_every_lease_reads_none(table):
+    """The leases are all this invocation's, in use: the next is had when one is done, and
+    reading the items meanwhile would find none free."""
+    leases = Leases(table, FLOW, "invocation-1", clock.now_ms() + 60_000)
+    reads: list[int] = []
+    first_has, first_ends = threading.Event(), threading.Event()
 
     def first_send() -> None:
-        with leases.sending(clock.now_ms(), clock.now_ms() + 1000):
+        with leases.sending(clock.now_ms(), clock.now_ms() + 1_000):
+            first_has.set()
             first_ends.wait(10)
-        first_ended.set()
 
-    turn = Leases._turn
-
-    def gives_up_as_the_first_ends(self: Leases, me: object, by_ms: int) -> bool:
-        try:
-            return turn(self, me, by_ms)
-        except NoLeaseInTime:  # the first send ends now, and hands its lease down the line
-            first_ends.set()
-            first_ended.wait(10)
-            raise
-
-    holding = threading.Thread(target=first_send)
-    holding.start()
-    while not leases._held:
-        time.sleep(0.01)
-    monkeypatch.setattr(Leases, "_turn", gives_up_as_the_first_ends)
-    with pytest.raises(NoLeaseInTime), leases.sending(clock.now_ms(), clock.now_ms() + 100):
-        pass
-    holding.join()
-    assert lease_held_until(table) == 0  # given back: free for any invocation's sends
-    assert leases._held == []
+    with hooked(
+        leases._dynamodb.meta.client, (f"{BEFORE}BatchGetItem", lambda **_: reads.append(1))
+    ):
+        holding = threading.Thread(target=first_send)
+        holding.start()
+        first_has.wait(10)
+        threading.Timer(0.3, first_ends.set).start()
+        with leases.sending(clock.now_ms(), clock.now_ms() + 5_000) as had_ms:
+            assert first_ends.is_set() and had_ms > 0
+        holding.join(10)
+    assert reads == [1]
+    leases.close()
 
 
 def test_a_send_that_joins_the_line_late_goes_ahead_of_those_due_after_it(table):
@@ -127,13 +208,14 @@ def test_no_more_sends_than_the_parallelism_hold_a_lease_at_once(table):
         thread.start()
     for thread in threads:
         thread.join(10)
+    leases.close()
     assert most[0] == 2 and len(seen) == 6
     held = [item for items in seen for item in items if int(item.get("until_ms", 0))]
     assert {item["holder"] for item in held} == {"invocation-1"}
     assert {int(item["until_ms"]) for item in held} == {until_ms}
     assert {int(item["expires_at"]) for item in held} == {until_ms // 1000 + 2 * 86_400}
     assert [int(item["until_ms"]) for item in lease_items(table, flow)] == [0, 0]  # given back
-    assert leases._held == [] and not leases._line
+    assert leases._held == [] and not leases._line and not leases._idle
 
 
 def test_a_lease_another_invocation_holds_is_waited_for_until_its_time_is_over(table):
@@ -279,9 +361,10 @@ def test_a_lease_dynamodb_fails_to_take_back_ends_with_its_invocation(table, fau
 
     with (
         hooked(leases._dynamodb.meta.client, (f"{BEFORE}UpdateItem", give_back_fails)),
-        leases.sending(clock.now_ms(), clock.now_ms() + 1_000),
     ):
-        pass
+        with leases.sending(clock.now_ms(), clock.now_ms() + 1_000):
+            pass
+        leases.close()
     assert int(lease_items(table, flow)[0]["until_ms"]) == until_ms
 
 
@@ -309,47 +392,25 @@ def test_when_the_first_in_line_gives_up_the_next_looks_in_its_place(table):
     assert free_ms < had[0] < free_ms + 5_000
 
 
-def test_a_lease_taken_for_a_send_that_left_the_line_meanwhile_goes_back_at_once(table):
-    """Two sends wait; the other invocation gives both leases back, and the first in line
-    reads them free and takes them for the two, but the second gives up before they are
-    taken: its lease goes back to the table at once, not when the invocation ends."""
-    flow = Flow(key="two", parallelism=2)
-    for i in range(2):
-        held_by_another(table, flow, i, clock.now_ms() + 60_000)
-    leases = Leases(table, flow, "invocation-1", clock.now_ms() + 60_000)
-    both_free, gave_up = threading.Event(), threading.Event()
+def test_a_lease_taken_for_a_send_that_gave_up_meanwhile_goes_back_unused(table):
+    """The first in line's time runs out while it takes a lease: no send of the
+    invocation is near, and the lease goes back to the table within LEASE_KEEP_MS, not
+    when the invocation ends."""
+    leases = Leases(table, FLOW, "invocation-1", clock.now_ms() + 60_000)
+    by_ms = clock.now_ms() + 100
 
-    def second() -> None:
-        with pytest.raises(NoLeaseInTime), leases.sending(5, clock.now_ms() + 2_000):
-            pass
-        gave_up.set()
+    def read_slowly(**_: object) -> None:
+        time.sleep(max(by_ms - clock.now_ms(), 0) / 1000)
 
-    def given_back_once_both_wait() -> None:
-        while len(leases._line) < 2:
-            time.sleep(0.005)
-        for i in range(2):
-            held_by_another(table, flow, i, 0)
-        both_free.set()
-
-    def read_as_the_second_gives_up(**_: object) -> None:
-        if both_free.is_set():
-            gave_up.wait(10)
-
-    waiting = threading.Thread(target=second)
-    waiting.start()
-    while not leases._line:
-        time.sleep(0.005)
-    freeing = threading.Thread(target=given_back_once_both_wait)
-    freeing.start()
     with (
-        hooked(
-            leases._dynamodb.meta.client, (f"{BEFORE}BatchGetItem", read_as_the_second_gives_up)
-        ),
-        leases.sending(1, clock.now_ms() + 10_000),
+        hooked(leases._dynamodb.meta.client, (f"{BEFORE}BatchGetItem", read_slowly)),
+        pytest.raises(NoLeaseInTime),
+        leases.sending(clock.now_ms(), by_ms),
     ):
-        holders = [item["holder"] for item in lease_items(table, flow)]
-        untils = [int(item["until_ms"]) for item in lease_items(table, flow)]
-    waiting.join(10)
-    freeing.join(10)
-    assert holders == ["invocation-1", "invocation-1"]  # both taken in one look
-    assert sorted(untils)[0] == 0  # one given back as soon as it was taken
+        pass
+    assert lease_items(table, FLOW)[0]["holder"] == "invocation-1"  # taken as it gave up
+    deadline = time.monotonic() + 5
+    while lease_held_until(table) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert lease_held_until(table) == 0
+    assert leases._held == [] and leases._idle == []

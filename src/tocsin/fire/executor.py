@@ -15,7 +15,7 @@ from tocsin.dispatch import DueTask, due_task, execution_name
 from tocsin.fire.batch import BatchEvent, ClaimedTask, Failed, Held, Later, Recorded
 from tocsin.fire.claims import claim_batch, let_go
 from tocsin.fire.marks import MARK_MARGIN_MS, finish, report, report_flows, retry_later
-from tocsin.fire.plans import given_back, hand_on, plan_flows, start_onward
+from tocsin.fire.plans import give_back_leases, given_back, hand_on, plan_flows, start_onward
 from tocsin.fire.sends import HandOn, fire, sends
 from tocsin.fire.wakes import wake_held
 from tocsin.fire.writes import answered_by
@@ -135,8 +135,9 @@ def _send_all(
     callbacks their final marks made and count what became of each; raise the first
     failure, once the others are done and the failed tasks let go."""
     calls = sends(held)
-    with ThreadPoolExecutor(max_workers=len(calls)) as pool:  # each lease given back as used
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
         futures = [pool.submit(run, call) for call in calls]
+    give_back_leases(held)
     done: list[tuple[Held, Recorded | BaseException]] = []
     onward: list[Held] = []  # handed on, for want of time (`HandOn`)
     for call, future in zip(calls, futures, strict=True):

@@ -19,6 +19,11 @@ from tocsin.observability import logger
 from tocsin.settings import settings
 from tocsin.store import Holder, TaskStore
 
+# How long after its plan an invocation's first send of a flow can go: its slots written on
+# its tasks, its threads started, a lease read and taken. A slot planned in the past (an
+# invocation that came late) is missed, and its send takes another after all those planned.
+PLAN_LEAD_MS = 250
+
 
 def plan_flows(
     store: TaskStore, held: list[Held], holder: Holder, deadline_ms: int
@@ -38,11 +43,13 @@ def plan_flows(
         if isinstance(task, ClaimedTask) and task.flow and task.flow.rate and not task.planned_ms:
             unplanned.setdefault(task.flow, []).append(i)
     later: dict[int, int] = {}  # the slots later than their tasks' due times
+    from_ms = clock.now_ms() + PLAN_LEAD_MS  # the first slot a send here can go in
     try:
         for flow, members in unplanned.items():
             members.sort(key=lambda i: held[i].asked.due_ms)
             dues = [held[i].asked.due_ms for i in members]
-            slots = written(flow.key, deadline_ms, lambda: ledger.plan(flow, dues))  # noqa: B023
+            ready = [max(due, from_ms) for due in dues]
+            slots = written(flow.key, deadline_ms, lambda: ledger.plan(flow, ready))  # noqa: B023
             later |= {i: s for i, s, due in zip(members, slots, dues, strict=True) if s > due}
         handed_on = _write_slots(store, held, holder, later, deadline_ms)
     except TableUnavailable:
@@ -114,6 +121,13 @@ def _with_limits(ledger: RateLedger, held: list[Held], holder: Holder) -> list[H
         else each
         for each in held
     ]
+
+
+def give_back_leases(held: list[Held]) -> None:
+    """Give back every lease the invocation kept for its flows' sends: it sends no more."""
+    for leases in {each.task.leases for each in held if isinstance(each.task, ClaimedTask)}:
+        if leases is not None:
+            leases.close()
 
 
 def hand_on(held: list[Held], batch: BatchEvent, deadline_ms: int) -> None:
