@@ -234,6 +234,7 @@ def test_sends_on_time_in_their_planned_slots_write_nothing_more_to_their_flow_s
     assert Counter(a.task_id for a in receiver.received()) == Counter(ids)
 
 
+@pytest.mark.moto_tables  # the DynamoDB process's journal of writes
 def test_an_invocation_that_comes_late_plans_its_sends_from_when_it_can_send(runtime, receiver):
     """Eight tasks of one flow (rate 10) due a second ago: their slots start once the
     invocation can send (PLAN_LEAD_MS after its plan), not at their due time, which has
