@@ -13,10 +13,9 @@ of that key, across every executor invocation at once.
     execution of its own that wakes for it (`tocsin.fire`). A ledger write a send had made
     one item the key's hot spot: a partition takes 1,000 writes a second;
   - a retry, or a send that its lease or its gate lets go later than SLOT_SLACK_MS past
-    its slot (the CPU was busy), takes the next free slot (`RateLedger.ticket`: from a
-    block of TICKET_BLOCK_MS of slots its invocation took in one atomic add) when it is
-    ready, not long before, so an executor that falls behind takes few that others could
-    use: late sends do not bunch up, and what reaches a receiver
+    its slot (the CPU was busy), takes the next free slot (`RateLedger.ticket`: one
+    atomic add) when it is ready, not long before, so an executor that falls behind takes
+    none that others could use: late sends do not bunch up, and what reaches a receiver
     in any second stays within the rate, whichever invocations send. No send goes later
     than its slot allows: one late again takes a wide slot (`wide_slot`). A slot taken
     and not used is a gap, never a burst.
@@ -79,7 +78,6 @@ TICKET_AHEAD_MS = 100
 LAST_SLACK_MS = 50
 LAST_SLACK_MAX_MS = 1000
 TICKET_WRITE_MS = 10  # a slot's write, as first guessed: then as the last ones took
-TICKET_BLOCK_MS = 50  # how much of a key's slots a ticket's write takes for the invocation
 
 
 class Flow(BaseModel):
@@ -179,8 +177,6 @@ class RateLedger:
         self._table = aws.resource("dynamodb").Table(table_name)
         self._refused = self._table.meta.client.exceptions.ConditionalCheckFailedException
         self._write_ms = float(TICKET_WRITE_MS)  # a moving average of `ticket`'s writes
-        self._blocks: dict[str, tuple[int, int]] = {}  # each key's slots taken, not yet used
-        self._lock = threading.Lock()
 
     def lead_ms(self) -> int:
         """How far past now a send already due asks for its slot: twice what a slot's write
@@ -222,63 +218,42 @@ class RateLedger:
 
     def ticket(self, flow: Flow, ready_ms: int, count: int = 1) -> int:
         """`count` slots in a row for one send ready at `ready_ms` that has none (a retry,
-        or late for its planned one): from a block this invocation took before, else a new
-        block of them (TICKET_BLOCK_MS of the key's slots, `count` at least), the key's next
-        free ones (one atomic add, which no other writer makes fail), or from `ready_ms`
-        itself when the key's slots are behind it (those taken then are left unused, and
-        the key's next slot moved on, conditionally). The millisecond the first starts.
-        Slots of a block no send uses are gaps, never a burst; a write a ticket had made
-        the ledger's item the key's hot spot again when a busy CPU made sends late."""
+        or late for its planned one): the key's next free ones (one atomic add, which no
+        other writer makes fail), or from `ready_ms` itself when the key's slots are
+        behind it (those taken then are left unused, and the key's next slot moved on,
+        conditionally). The millisecond the first starts."""
+        began = time.monotonic()
+        try:
+            return self._ticket(flow, ready_ms, count)
+        finally:  # a race between two sends' updates is harmless: an average either way
+            took_ms = (time.monotonic() - began) * 1000
+            self._write_ms = 0.8 * self._write_ms + 0.2 * took_ms
+
+    def _ticket(self, flow: Flow, ready_ms: int, count: int) -> int:
         assert flow.rate is not None
-        spacing, ready_us = spacing_us(flow.rate), ready_ms * 1000
-        with self._lock:  # one block at a time: the sends waiting for it have it at once
-            slot_us = self._from_block(flow.key, ready_us, count, spacing)
-            if slot_us is None:
-                size = max(count, TICKET_BLOCK_MS * 1000 // spacing)
-                began = time.monotonic()
-                start_us = self._block(flow, ready_us, size * spacing)
-                took_ms = (time.monotonic() - began) * 1000
-                self._write_ms = 0.8 * self._write_ms + 0.2 * took_ms
-                self._blocks[flow.key] = (start_us, start_us + size * spacing)
-                slot_us = self._from_block(flow.key, ready_us, count, spacing)
-        assert slot_us is not None
-        return -(-slot_us // 1000)
-
-    def _from_block(self, key: str, ready_us: int, count: int, spacing: int) -> int | None:
-        """The first of `count` slots in a row, none before `ready_us`, from the key's block
-        (under the lock); None if it has not that many left."""
-        next_us, end_us = self._blocks.get(key, (0, 0))
-        if next_us < ready_us:  # those before are passed by: gaps
-            next_us += -(-(ready_us - next_us) // spacing) * spacing
-        if next_us + count * spacing > end_us:
-            return None
-        self._blocks[key] = (next_us + count * spacing, end_us)
-        return next_us
-
-    def _block(self, flow: Flow, ready_us: int, span_us: int) -> int:
-        """Take `span_us` of the key's slots, none before `ready_us`: where they start."""
+        spacing, ready_us = count * spacing_us(flow.rate), ready_ms * 1000
         key = ledger_key(flow.key, "rate")  # the plan's: one slot, one sender
         while True:
             added = self._table.update_item(
                 Key=key,
-                UpdateExpression="ADD free_us :span SET expires_at = :expires",
+                UpdateExpression="ADD free_us :spacing SET expires_at = :expires",
                 ExpressionAttributeValues={
-                    ":span": span_us,
+                    ":spacing": spacing,
                     ":expires": ready_us // 1_000_000 + LEDGER_DAYS * 86_400,
                 },
                 ReturnValues="UPDATED_NEW",
             )
-            start_us = int(added["Attributes"]["free_us"]) - span_us
-            if start_us >= ready_us:
-                return start_us
+            slot_us = int(added["Attributes"]["free_us"]) - spacing
+            if slot_us >= ready_us:
+                return -(-slot_us // 1000)
             try:
                 self._table.update_item(
                     Key=key,
                     UpdateExpression="SET free_us = :next",
                     ConditionExpression="free_us <= :ready",
-                    ExpressionAttributeValues={":next": ready_us + span_us, ":ready": ready_us},
+                    ExpressionAttributeValues={":next": ready_us + spacing, ":ready": ready_us},
                 )
-                return ready_us
+                return ready_ms
             except self._refused:  # another send took slots meanwhile: the next of them
                 continue
 
