@@ -355,39 +355,39 @@ class Leases:
                 self._line.popleft()
                 self._wake_first()
                 return True
-            looks = first and not self._idle and not self._looking and self._may_look(now, me)
+            look_ms = self._look_ms(me) if first and not self._looking else None
+            looks = not self._idle and look_ms is not None and now >= look_ms
             if looks:
                 self._looking = True
-                wanted = 1  # the first in line's: the others may have the leases in use
                 held = {item["task_id"] for item in self._held}
             else:
                 until_ms = by_ms
                 if first and self._idle:
                     until_ms = min(me.place_ms - GRANT_AHEAD_MS, by_ms)
-                elif first and not self._looking and len(self._held) < len(self._items):
-                    until_ms = min(max(self._next_look_ms, me.place_ms - LOOK_AHEAD_MS), by_ms)
+                elif look_ms is not None:
+                    until_ms = min(look_ms, by_ms)
                 me.woken.clear()
         if looks:
-            self._look(wanted, held)
+            self._look(held)
         else:
             me.woken.wait(max(until_ms - now, 1) / 1000)
         return False
 
-    def _may_look(self, now: int, me: _Waiter) -> bool:
-        """Whether the items may be read now, for `me`: its place is within LOOK_AHEAD_MS
-        (before, one of the invocation's own leases may come back for it), a pause since a
-        look that found none is over, and not every lease is this invocation's already
-        (under the lock)."""
-        return now >= max(self._next_look_ms, me.place_ms - LOOK_AHEAD_MS) and len(
-            self._held
-        ) < len(self._items)
+    def _look_ms(self, me: _Waiter) -> int | None:
+        """When the items may be read for `me`: once its place is within LOOK_AHEAD_MS
+        (before, one of the invocation's own leases may come back for it) and a pause since
+        a look that found none is over; never while every lease is this invocation's
+        already (under the lock)."""
+        if len(self._held) == len(self._items):
+            return None
+        return max(self._next_look_ms, me.place_ms - LOOK_AHEAD_MS)
 
-    def _look(self, wanted: int, held: set[str]) -> None:
-        """Read the items and take up to `wanted` free ones, idle until the line's sends
-        are served from them."""
+    def _look(self, held: set[str]) -> None:
+        """Read the items and take a free one, for the first in line: the others may have
+        the leases in use when their places come. Idle until a send is served from it."""
         taken: list[dict[str, str]] = []
         try:
-            taken = self._take(wanted, held)
+            taken = self._take_one(held)
         except (BotoCoreError, ClientError, Busy) as fault:  # looked at again after a pause
             logger.warning("flow leases not read", key=self._flow.key, fault=type(fault).__name__)
         finally:
@@ -409,7 +409,9 @@ class Leases:
         given back at once, for the sends of other invocations."""
         with self._lock:
             now = clock.now_ms()
-            soon = sum(1 for waiter in self._line if waiter.place_ms <= now + LEASE_KEEP_MS)
+            soon = bisect.bisect_right(  # the line is kept in order of places
+                self._line, now + LEASE_KEEP_MS, key=lambda waiter: waiter.place_ms
+            )
             if soon > len(self._idle):
                 self._idle.append((key, now))
                 self._keep_for_a_while()
@@ -454,19 +456,16 @@ class Leases:
         if was_first:
             self._wake_first()
 
-    def _take(self, wanted: int, held: set[str]) -> list[dict[str, str]]:
-        """Up to `wanted` of the lease items that are free (or whose holder's time is over),
-        taken for this invocation."""
+    def _take_one(self, held: set[str]) -> list[dict[str, str]]:
+        """One of the lease items that is free (or whose holder's time is over), taken for
+        this invocation, if one is."""
         now = clock.now_ms()
         leases = {
             lease["task_id"]: lease
             for lease in batch_read(self._dynamodb, self._table.name, self._items)
         }
-        taken: list[dict[str, str]] = []
         for key in self._items:
             lease = leases.get(key["task_id"], {})
-            if len(taken) == wanted:
-                break
             if key["task_id"] in held or int(lease.get("until_ms", 0)) >= now:
                 continue
             try:
@@ -483,8 +482,8 @@ class Leases:
                 )
             except self._refused:
                 continue
-            taken.append(key)
-        return taken
+            return [key]
+        return []
 
     def _give_back(self, key: dict[str, str]) -> None:
         """End this invocation's lease at once (unchecked: it ends with the invocation)."""
