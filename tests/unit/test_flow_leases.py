@@ -101,7 +101,7 @@ def test_an_invocation_done_gives_back_every_lease_it_kept(table, monkeypatch):
     third, the second gives its own back at once (one kept for the one send due soon is
     enough). Before the third is due, the invocation is done: the kept lease goes back
     then, not when the timer would have given it."""
-    monkeypatch.setattr(tocsin.flow, "LEASE_KEEP_MS", 2_000)  # kept past the test's checks
+    monkeypatch.setattr(tocsin.flow, "LEASE_KEEP_MS", 60_000)  # kept past the checks, however slow
     flow = Flow(key="two", parallelism=2)
     leases = Leases(table, flow, "invocation-1", clock.now_ms() + 60_000)
     both = threading.Barrier(3, timeout=5)  # the two sends in flight, and the test
@@ -120,7 +120,7 @@ def test_an_invocation_done_gives_back_every_lease_it_kept(table, monkeypatch):
     for thread in line:
         thread.start()
     both.wait()
-    leases._line.append(_Waiter(clock.now_ms() + 1_000))  # a third, due soon, in line
+    leases._line.append(_Waiter(clock.now_ms() + 30_000))  # a third, due soon, in line
     third_in_line.set()
     for thread in line:
         thread.join(10)
