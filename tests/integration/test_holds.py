@@ -2,6 +2,8 @@
 across an owner's tasks, the host's other tasks wait, counting no attempt, while one task
 probes it on its own policy; its first answer wakes them all, at HostRecoveryRate."""
 
+import time
+
 from tests.conftest import call_api, runtime_with, stored, table, wait_for_status, webhook_task
 from tocsin import clock
 from tocsin.holds import HOLD_PREFIX
@@ -71,3 +73,25 @@ def test_with_host_holds_off_no_hold_is_kept_and_no_task_waits(receiver):
         items = table(settings().tasks_table).scan()["Items"]
         assert not [item for item in items if item["task_id"].startswith(HOLD_PREFIX)]
         assert call_api(runtime, "GET", "/targets")[1]["held"] == []
+
+
+def test_a_prober_that_runs_out_of_attempts_hands_the_probe_to_a_waiting_task_at_once(receiver):
+    """Its last failure must not renew its probe: the waiting tasks' own wake is 600 s off,
+    and a probe still in its name would keep them waiting PROBER_GRACE_MS (60 s)."""
+    policy = {"max_attempts": 3, "min_backoff_s": 1, "max_backoff_s": 600}
+    with runtime_with() as runtime:
+        receiver.status_for["/down"] = 503
+        url, due = f"{receiver.url}/down", clock.now_ms() + 2000
+        tasks = [f"task-{i}" for i in range(6)]
+        for task_id in tasks:
+            body = webhook_task(url, due, task_id) | {"retry": policy}
+            assert call_api(runtime, "POST", "/tasks", body)[0] == 201
+        deadline, gave_up = time.monotonic() + 30, []
+        while not gave_up and time.monotonic() < deadline:
+            gave_up = [t for t in tasks if stored(t)["status"] == "FAILED"]
+            time.sleep(0.05)
+        [prober] = gave_up  # the first prober, out of its attempts (the next needs two, 3 s)
+        receiver.status_for["/down"] = 200  # the next prober finds the host back
+        for task_id in tasks:
+            if task_id != prober:
+                wait_for_status(task_id, {"SUCCEEDED"}, timeout_s=30)

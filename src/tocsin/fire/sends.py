@@ -317,7 +317,7 @@ def fire(tasks: list[ClaimedTask], deadline_ms: int) -> list[Fired | Failed | La
                     later(i, f"out of time after {made(i)} attempts: its flow had no turn")
                 break
             answers.update(zip(ready, sent, strict=True))
-        pending = []
+        pending, gave_up = [], []
         for i, answer in sorted(answers.items()):
             if isinstance(answer, dict) and went is not None:
                 outcomes[i] = Fired(
@@ -333,13 +333,14 @@ def fire(tasks: list[ClaimedTask], deadline_ms: int) -> list[Fired | Failed | La
             if isinstance(why, ExhaustedBy):
                 done = "gave up" if why is ExhaustedBy.ATTEMPTS else "out of age"
                 failed(i, f"{done} after {made(i)} attempts: {answer}", why)
-                if hold is not None:  # if it was the host's prober, another one probes
-                    hold.hand_probe_on(tasks[i].task_id)
+                gave_up.append(i)
                 continue
             next_ms[i] = why
             pending.append(i)
         if hold is not None and answers:
             _tell(hold, tasks[min(answers)].task_id, answers, next_ms)
+            for i in gave_up:  # after its failure is told, which renews a prober's probe:
+                hold.hand_probe_on(tasks[i].task_id)  # if it was the prober, another probes
         if pending:
             at_ms = max(next_ms[i] for i in pending)  # a call's tasks go again together
             pause_ms = at_ms - clock.now_ms()
