@@ -203,7 +203,8 @@ def test_recurring_fires_every_occurrence_of_every_schedule_once(capsys):
 
 def test_flow_keeps_a_burst_within_its_rate_and_parallelism_at_the_receiver(capsys):
     """100 tasks due in one second at a flow of 10 a second and 10 in flight: all arrive
-    once, none early, never more than the limits, drained about as fast as the rate lets."""
+    once, none early, never more than the limits, drained about as fast as the rate lets;
+    then the same 100 with no flow, whose CPU a task the flow's is set against."""
     assert main(["bench", "--scenarios", "flow", "--scale", "0.02", "--json"]) == 0
     flow = last_json(capsys.readouterr().out)["flow"]
     assert flow["flow"] == {"key": "bench-receiver", "rate": 10, "parallelism": 10}
@@ -211,6 +212,9 @@ def test_flow_keeps_a_burst_within_its_rate_and_parallelism_at_the_receiver(caps
     assert flow["max_per_second"] <= 10 and flow["max_in_flight"] <= 10
     assert flow["ideal_drain_s"] == 10.0 and flow["drain_s"] >= 0.9 * flow["ideal_drain_s"]
     assert 0 < flow["held_ms"]["p50"] <= flow["held_ms"]["max"]
+    plain = flow["plain"]  # the same tasks with no flow, on a runtime of their own
+    assert plain["fired"] == 100 and plain["cpu_ms_per_task"] > 0
+    assert flow["cpu_vs_plain"] == round(flow["cpu_ms_per_task"] / plain["cpu_ms_per_task"], 2)
 
 
 def test_retried_prices_an_attempt_more_within_the_invocation_and_through_the_index(capsys):

@@ -339,6 +339,8 @@ FLOW_ANSWER_MS = 10  # the receiver's answer time: at 500 a second, 5 in flight 
 # How many times its ideal a flow's drain may take before what has not arrived is lost: on
 # two cores the embedded runtime sends about 100 tasks a second, a fifth of the rate.
 FLOW_DRAIN_ALLOWANCE = 20
+# What the flow scenario reports of its tasks sent again with no flow
+PLAIN_FIGURES = ("fired", "cpu_ms_per_task", "cpu_ms_per_task_by_process", "executions", "wall_s")
 
 
 def flow(bench: Bench) -> dict[str, Any]:
@@ -347,15 +349,19 @@ def flow(bench: Bench) -> dict[str, Any]:
     10 s): written ahead for the finder, which packs them into batches whose invocations
     share the flow's ledger and leases. What the receiver saw (the most in flight at once,
     the most in any second), the drain against its ideal (tasks / rate), and how long flow
-    control held each task."""
+    control held each task. Then the same tasks with no flow, on a fresh runtime: what a
+    plain task costs beside a flow's (`cpu_vs_plain`)."""
     tasks = bench.size(5000)
     limits = {"key": "bench-receiver", "rate": max(1, round(500 * tasks / 5000)), "parallelism": 10}
+    offsets = sorted(bench.rng.randrange(1000) for _ in range(tasks))
 
-    def plan(runtime: EmbeddedRuntime, url: str) -> tuple[list[PlannedTask], float]:
-        offsets = sorted(bench.rng.randrange(1000) for _ in range(tasks))
-        planned, submitting = _planned("flow", offsets, "tocsin-stored"), time.monotonic()
-        _store_for_finder(runtime, planned, url, flow=limits)
-        return planned, time.monotonic() - submitting
+    def plan_with(**fields: Any) -> Plan:
+        def plan(runtime: EmbeddedRuntime, url: str) -> tuple[list[PlannedTask], float]:
+            planned, submitting = _planned("flow", offsets, "tocsin-stored"), time.monotonic()
+            _store_for_finder(runtime, planned, url, **fields)
+            return planned, time.monotonic() - submitting
+
+        return plan
 
     def observe(receiver: ReceiverProcess) -> dict[str, Any]:
         table = aws.resource("dynamodb").Table(settings().tasks_table)
@@ -379,12 +385,13 @@ def flow(bench: Bench) -> dict[str, Any]:
     figures, lateness, arrivals = timed_run(
         bench,
         "flow",
-        plan,
+        plan_with(flow=limits),
         bench.cost,
         answer_after_ms=FLOW_ANSWER_MS,
         observe=observe,
         drain_s=FLOW_DRAIN_ALLOWANCE * ideal_s,
     )
+    plain, _, _ = timed_run(bench, "flow: no flow", plan_with(), None, FLOW_ANSWER_MS)
     ours = sorted(a.arrival_ms for a in arrivals if a.task_id.startswith("flow-"))
     figures.update(
         max_per_second_at_receiver=most_within(ours, 1000),
@@ -393,6 +400,8 @@ def flow(bench: Bench) -> dict[str, Any]:
         drain_s=round((ours[-1] - ours[0]) / 1000 if ours else 0.0, 2),
         ideal_drain_s=round(ideal_s, 2),
         flow=limits,
+        plain={key: plain[key] for key in PLAIN_FIGURES},
+        cpu_vs_plain=round(figures["cpu_ms_per_task"] / max(0.1, plain["cpu_ms_per_task"]), 2),
     )
     return {**figures, "samples": {"tocsin": lateness}}
 
@@ -920,6 +929,12 @@ def _print_flow(figures: dict[str, Any], console: Any) -> None:
     )
     for q in ("p50", "p99", "max"):
         table.add_row(f"held ms {q}", str(figures["held_ms"][q]), "")
+    plain = figures["plain"]
+    table.add_row(
+        "CPU ms a task, against the same tasks with no flow",
+        f"{figures['cpu_ms_per_task']} ({figures['cpu_vs_plain']}x)",
+        f"{plain['cpu_ms_per_task']} (2x at most)",
+    )
     console.print(table)
 
 
