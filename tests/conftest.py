@@ -168,7 +168,7 @@ def stored(task_id: str) -> dict[str, Any]:
     return reply["Item"]
 
 
-def wait_for_status(task_id: str, statuses: set[str], timeout_s: float = 30) -> dict[str, Any]:
+def wait_for_status(task_id: str, statuses: set[str], timeout_s: float = 60) -> dict[str, Any]:
     """The task once in one of `statuses` (one not yet written, a callback say, is waited
     for too)."""
     tasks, deadline = table(settings().tasks_table), time.monotonic() + timeout_s
@@ -282,7 +282,7 @@ def stop_executions() -> None:
 def dead_letters(runtime) -> list[dict]:
     """Every message on the DLQ, once every execution has finished (each is received, so
     hidden for the queue's visibility timeout)."""
-    assert runtime.wait_for_executions(10)
+    assert runtime.wait_for_executions(30)
     sqs, letters = boto3.client("sqs"), []
     while batch := sqs.receive_message(
         QueueUrl=runtime.dead_letter_queue_url, MaxNumberOfMessages=10

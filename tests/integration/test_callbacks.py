@@ -134,7 +134,7 @@ def test_a_retried_invocation_sends_neither_the_task_nor_its_callback_twice(runt
         body = with_callbacks(receiver.url, clock.now_ms() + 2000, "again")
         assert call_api(runtime, "POST", "/tasks", body)[0] == 201
         wait_for_status("again.1.callback", {"SUCCEEDED"})
-        assert runtime.wait_for_executions(15)
+        assert runtime.wait_for_executions(30)
     assert failed
     assert [a.path for a in receiver.received()] == ["/task", "/done"]
 

@@ -59,7 +59,7 @@ def test_two_finders_at_once_fire_each_task_once(runtime, receiver):
     assert all(r["backlog"] == 0 for r in reports)
     for task_id in ids:
         wait_for_status(task_id, {"SUCCEEDED"})
-    assert runtime.wait_for_executions(10)
+    assert runtime.wait_for_executions(30)
     assert Counter(a.task_id for a in receiver.received()) == dict.fromkeys(ids, 1)
 
 
@@ -133,7 +133,7 @@ def test_a_crashed_run_repacked_with_a_newcomer_still_fires_each_task_once(runti
     everyone = [*ids, "repack-new"]
     for task_id in everyone:
         wait_for_status(task_id, {"SUCCEEDED"})
-    assert runtime.wait_for_executions(15)
+    assert runtime.wait_for_executions(30)
 
     # each execution's one invocation answered: none failed, none was retried
     [one], [two] = fire_replies(first.execution_arn), fire_replies(repacked.execution_arn)
@@ -158,7 +158,7 @@ def test_transient_failure_is_retried_up_to_max_attempts_then_failed_to_the_dlq(
     receiver.status_for["/down"] = 503
     ids = store_pending(f"{receiver.url}/down", 1, 500, "flaky", max_attempts=max_attempts)
     runtime.run_finder()
-    item = wait_for_status(ids[0], {"FAILED"}, timeout_s=30)
+    item = wait_for_status(ids[0], {"FAILED"}, timeout_s=60)
 
     # one request an attempt (urllib3 tries again only a connection that failed)
     assert len(receiver.received()) == max_attempts
@@ -470,9 +470,9 @@ def test_a_retried_invocation_is_billed_as_a_transition_and_fires_once(runtime, 
 
     with mock.patch.object(runtime, "invoke", first_fails):
         runtime.run_finder()
-        wait_for_status(task_id, {"SUCCEEDED"}, timeout_s=30)
+        wait_for_status(task_id, {"SUCCEEDED"}, timeout_s=60)
     assert failed and [a.task_id for a in receiver.received()] == [task_id]
-    assert runtime.wait_for_executions(10)
+    assert runtime.wait_for_executions(30)
     [execution] = runtime.executions()
     assert transitions(execution.execution_arn) == 3  # Wait, Fire, and Fire's retry
 

@@ -42,7 +42,7 @@ def submitted(runtime, url: str, due_ms: int, ids: list[str], **flow: object) ->
 
 
 def ended(ids: list[str]) -> list[dict]:
-    return [wait_for_status(task_id, {"SUCCEEDED"}, timeout_s=30) for task_id in ids]
+    return [wait_for_status(task_id, {"SUCCEEDED"}, timeout_s=60) for task_id in ids]
 
 
 def through_a_slow_receiver(

@@ -69,7 +69,7 @@ def test_with_host_holds_off_no_hold_is_kept_and_no_task_waits(receiver):
             body = held_task(f"{receiver.url}/down", due, task_id)
             assert call_api(runtime, "POST", "/tasks", body)[0] == 201
         for task_id in tasks:
-            assert int(wait_for_status(task_id, {"SUCCEEDED"}, timeout_s=30)["attempts"]) == 2
+            assert int(wait_for_status(task_id, {"SUCCEEDED"}, timeout_s=60)["attempts"]) == 2
         items = table(settings().tasks_table).scan()["Items"]
         assert not [item for item in items if item["task_id"].startswith(HOLD_PREFIX)]
         assert call_api(runtime, "GET", "/targets")[1]["held"] == []
@@ -94,4 +94,4 @@ def test_a_prober_that_runs_out_of_attempts_hands_the_probe_to_a_waiting_task_at
         receiver.status_for["/down"] = 200  # the next prober finds the host back
         for task_id in tasks:
             if task_id != prober:
-                wait_for_status(task_id, {"SUCCEEDED"}, timeout_s=30)
+                wait_for_status(task_id, {"SUCCEEDED"}, timeout_s=45)  # under the grace

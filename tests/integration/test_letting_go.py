@@ -173,7 +173,7 @@ def test_a_claim_that_fails_partway_through_a_batch_lets_go_at_once(
             assert {after[i]["status"] for i in passed} == {"RUNNING"}
             for task_id in ids:
                 wait_for_status(task_id, {"SUCCEEDED"}, timeout_s=60)
-        assert runtime.wait_for_executions(15)
+        assert runtime.wait_for_executions(30)
 
     assert_taken_over_at_once(ids, seen, min(leases), receiver)
     [execution] = runtime.executions()
@@ -227,7 +227,7 @@ def test_a_bodies_read_that_fails_after_the_claims_lets_go_at_once(
             assert {after[i]["status"] for i in ids} == {"RUNNING"}  # every claim went through
             for task_id in ids:
                 wait_for_status(task_id, {"SUCCEEDED"}, timeout_s=60)
-        assert runtime.wait_for_executions(15)
+        assert runtime.wait_for_executions(30)
 
     assert len(leases) == BATCH
     assert_taken_over_at_once(ids, seen, min(leases), receiver)

@@ -345,7 +345,7 @@ def test_a_retry_whose_execution_was_never_started_is_started_by_the_reconciler(
 
     report = reconcile(settings(), clock.now_ms())
     assert [(t, str(o)) for t, o in report.tasks] == [("unstarted", "started_late")]
-    done = wait_for_status("unstarted", {"SUCCEEDED"}, timeout_s=30)
+    done = wait_for_status("unstarted", {"SUCCEEDED"}, timeout_s=60)
     first, second = receiver.received()
     assert second.arrival_ms >= first.arrival_ms + 6000  # at its next attempt, not before
     assert first.idempotency_key == second.idempotency_key and int(done["attempts"]) == 2

@@ -23,7 +23,7 @@ def failed_task(runtime, receiver, task_id: str) -> None:
     body = webhook_task(f"{receiver.url}/{task_id}", clock.now_ms() + 500, task_id)
     submit_task(body, owner="alice")
     wait_for_status(task_id, {"FAILED"})
-    assert runtime.wait_for_executions(10)  # the DLQ send follows MarkFailed
+    assert runtime.wait_for_executions(30)  # the DLQ send follows MarkFailed
 
 
 def dead_letters(runtime) -> int:
@@ -81,7 +81,7 @@ def test_a_task_failing_again_is_redriven_once_per_run(runtime, receiver):
     def fail_again_before_the_next_read(task_id: str, version: int, outcome: str) -> None:
         if outcome == "redriven":  # version 2 fails, and its dead letter lands, mid-run
             wait_for_status(task_id, {"FAILED"})
-            assert runtime.wait_for_executions(10)
+            assert runtime.wait_for_executions(30)
 
     queue = runtime.dead_letter_queue_url
     report = redrive(queue, settings(), progress=fail_again_before_the_next_read)
@@ -103,7 +103,7 @@ def test_a_copy_of_a_dead_letter_is_deleted_as_a_copy(runtime, receiver):
     # run still reads (a loaded machine), and is left for the next run either way
     assert report.tasks[2:] in ([], [("twice", 2, FAILED_AGAIN)])
     wait_for_status("twice", {"FAILED"})
-    assert runtime.wait_for_executions(10)
+    assert runtime.wait_for_executions(30)
     [left] = [json.loads(m["Body"]) for m in sqs.receive_message(QueueUrl=queue)["Messages"]]
     assert (left["task_id"], left["version"]) == ("twice", 2)  # only the new version's letter
 

@@ -126,7 +126,7 @@ def test_a_stop_ends_the_invocations_asleep_at_their_gates_and_sends_nothing(rec
     with runtime_with() as runtime:
         [task_id] = store_pending(receiver.url, 1, LEAD_MS + 1_500, "asleep")
         runtime.run_finder()
-        wait_for_status(task_id, {"RUNNING"}, timeout_s=30)  # claimed: its gate sleeps
+        wait_for_status(task_id, {"RUNNING"}, timeout_s=60)  # claimed: its gate sleeps
         due_ms = int(stored(task_id)["due_ms"])
     invocations = [t for t in threading.enumerate() if t.name.startswith("invoke-")]
     assert invocations == []
