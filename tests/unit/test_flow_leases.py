@@ -94,7 +94,7 @@ def test_a_lease_given_back_wakes_the_send_first_in_line_to_look_for_one(table):
         time.sleep(2 * LEASE_KEEP_MS / 1000)  # it sleeps, until a lease is its own
     assert lease_held_until(table) == 0
     second.join(10)
-    assert place_ms - LOOK_AHEAD_MS <= had[0] < place_ms + 1_000
+    assert place_ms - LOOK_AHEAD_MS <= had[0] < place_ms + LOOK_AHEAD_MS
 
 
 def test_an_invocation_done_gives_back_every_lease_it_kept(table, monkeypatch):
@@ -343,6 +343,33 @@ def test_the_leases_read_while_none_is_free_are_fewer_and_fewer(table, monkeypat
         "one",
         "ClientError",
     )
+
+
+def test_only_the_first_in_line_reads_the_items_the_others_wait_for_it(table):
+    """Three sends in line, the one lease held elsewhere for 1 s, each read of the items
+    slow (50 ms): one look at a time, the first in line's, never one for each send."""
+    flow = Flow(key="one", parallelism=1)
+    held_by_another(table, flow, 0, clock.now_ms() + 1_000)
+    leases = Leases(table, flow, "invocation-1", clock.now_ms() + 60_000)
+    reading, most = [0], [0]
+    count = threading.Lock()
+    had: list[int] = []
+
+    def read(**_: object) -> None:
+        with count:
+            reading[0] += 1
+            most[0] = max(most[0], reading[0])
+        time.sleep(0.05)
+        with count:
+            reading[0] -= 1
+
+    with hooked(leases._dynamodb.meta.client, (f"{BEFORE}BatchGetItem", read)):
+        place_ms = clock.now_ms()
+        line = [waiting_behind(leases, place_ms + i, had) for i in range(3)]
+        for send in line:
+            send.join(10)
+    assert len(had) == 3  # each in turn, once the lease was free
+    assert most[0] == 1
 
 
 def test_a_look_that_finds_every_lease_held_writes_nothing(table):
