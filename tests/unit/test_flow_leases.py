@@ -2,6 +2,7 @@
 another invocation holds left to it, and a send that gives up waiting holds none."""
 
 import io
+import itertools
 import json
 import threading
 import time
@@ -321,11 +322,13 @@ def test_the_leases_read_while_none_is_free_are_fewer_and_fewer(table, monkeypat
     held_by_another(table, flow, 0, clock.now_ms() + 1_200)
     leases = Leases(table, flow, "invocation-1", clock.now_ms() + 60_000)
     pauses: list[int] = []
+    read_at: list[float] = []
     log = io.StringIO()
     monkeypatch.setattr(logger.registered_handler, "stream", log)
 
     def read(**_: object) -> None:
         pauses.append(leases._pause_ms)  # the pause this read came after
+        read_at.append(time.monotonic() * 1000)
         if len(pauses) == 1:
             raise ClientError({"Error": {"Code": "InternalServerError"}}, "BatchGetItem")
 
@@ -336,6 +339,8 @@ def test_the_leases_read_while_none_is_free_are_fewer_and_fewer(table, monkeypat
         pass
     assert pauses[:4] == [LEASE_POLL_MS, 100, 200, LEASE_POLL_MAX_MS]
     assert set(pauses[4:]) <= {LEASE_POLL_MAX_MS}
+    gaps = [later - earlier for earlier, later in itertools.pairwise(read_at)]
+    assert all(gap >= pause - 2 for gap, pause in zip(gaps, pauses[1:], strict=True))  # waited
     assert leases._pause_ms == LEASE_POLL_MS
     [warning] = [json.loads(line) for line in log.getvalue().splitlines()]
     assert (warning["message"], warning["key"], warning["fault"]) == (
