@@ -350,23 +350,24 @@ def test_the_leases_read_while_none_is_free_are_fewer_and_fewer(table, monkeypat
     )
 
 
-def test_only_the_first_in_line_reads_the_items_the_others_wait_for_it(table):
+def test_the_sends_in_line_read_the_items_one_look_at_a_time(table):
     """Three sends in line, the one lease held elsewhere for 1 s, each read of the items
-    slow (50 ms): one look at a time, the first in line's, never one for each send."""
+    slow (50 ms): never two reads at once, one for each send waiting."""
     flow = Flow(key="one", parallelism=1)
     held_by_another(table, flow, 0, clock.now_ms() + 1_000)
     leases = Leases(table, flow, "invocation-1", clock.now_ms() + 60_000)
-    reading, most = [0], [0]
+    reading = most = 0
     count = threading.Lock()
     had: list[int] = []
 
     def read(**_: object) -> None:
+        nonlocal reading, most
         with count:
-            reading[0] += 1
-            most[0] = max(most[0], reading[0])
+            reading += 1
+            most = max(most, reading)
         time.sleep(0.05)
         with count:
-            reading[0] -= 1
+            reading -= 1
 
     with hooked(leases._dynamodb.meta.client, (f"{BEFORE}BatchGetItem", read)):
         place_ms = clock.now_ms()
@@ -374,7 +375,7 @@ def test_only_the_first_in_line_reads_the_items_the_others_wait_for_it(table):
         for send in line:
             send.join(10)
     assert len(had) == 3  # each in turn, once the lease was free
-    assert most[0] == 1
+    assert most == 1
 
 
 def test_a_look_that_finds_every_lease_held_writes_nothing(table):
